@@ -1,0 +1,71 @@
+#pragma once
+
+// C++ entry points of the torchfuse ops.  Each call goes through the
+// dispatcher, so C++ callers reach the same CPU, CUDA, Meta and Autograd
+// kernels as TorchScript graphs do.
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Scalar.h>
+
+#include <optional>
+
+#include "torchfuse/export.h"
+
+namespace torchfuse {
+
+// The library version, e.g. "0.1.0".
+TORCHFUSE_API const char* version();
+
+// relu(linear(input, weight, bias) + alpha * other)
+TORCHFUSE_API at::Tensor custom_linear_add_relu(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& other,
+    const at::Scalar& alpha = 1);
+
+// relu(convolution(input, weight, bias, ...)) + alpha * other
+TORCHFUSE_API at::Tensor custom_conv_relu_add(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    const at::Tensor& other,
+    const at::Scalar& alpha = 1);
+
+// t = (batch_norm(input, ...) + other) / divisor; t * sigmoid(t).
+// In training mode running_mean and running_var are updated in place.
+TORCHFUSE_API at::Tensor custom_batch_norm_add_div_swish(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    at::Tensor& running_mean,
+    at::Tensor& running_var,
+    bool training,
+    double momentum,
+    double eps,
+    const at::Tensor& other,
+    const at::Scalar& divisor);
+
+// The eval-mode overload: reads the running statistics, never writes them.
+TORCHFUSE_API at::Tensor custom_batch_norm_add_div_swish_eval(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& running_mean,
+    const at::Tensor& running_var,
+    double eps,
+    const at::Tensor& other,
+    const at::Scalar& divisor);
+
+TORCHFUSE_API at::Tensor custom_relu(const at::Tensor& input);
+
+// NB: an app that only loads an optimized .pt references no symbol of the ops
+// library, and `--as-needed` would drop it along with its op registrations.
+// Every translation unit that includes this header references version().
+inline const char* const kOpsLibraryLinked = version();
+
+} // namespace torchfuse

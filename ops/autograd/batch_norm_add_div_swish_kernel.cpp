@@ -1,0 +1,205 @@
+#include <torch/autograd.h>
+#include <torch/csrc/autograd/variable.h>
+#include <torch/library.h>
+
+#include "ops/batch_norm_add_div_swish.h"
+#include "ops/common/autograd_utils.h"
+#include "torchfuse/ops.h"
+
+namespace torchfuse::ops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Saved: input, weight, bias, other and per-channel statistics; t and
+// sigmoid(t) are recomputed in the backward.  other_index counts tensor
+// arguments only, as needs_input_grad does.
+variable_list backwardFromSaved(
+    AutogradContext* ctx,
+    const at::Tensor& grad_output,
+    bool training,
+    int64_t other_index) {
+  const auto saved = ctx->get_saved_variables();
+  const auto& input = saved[0];
+  const auto& other = saved[3];
+  at::Tensor mean = saved[4];
+  at::Tensor invstd = saved[5];
+  if (!training) {
+    // saved[4], saved[5] are the running statistics.
+    invstd = invstd.to(batchNormOpmathType(input.scalar_type()))
+                 .add(ctx->saved_data["eps"].toDouble())
+                 .rsqrt();
+  }
+  auto [grad_input, grad_weight, grad_bias, grad_sum] = batchNormAddDivSwishBackward(
+      grad_output, input, toOptional(saved[1]), toOptional(saved[2]), mean, invstd,
+      training, other, ctx->saved_data["divisor"].toScalar(),
+      {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2)});
+  at::Tensor grad_other;
+  if (ctx->needs_input_grad(other_index)) {
+    grad_other = grad_sum.sum_to_size(other.sizes());
+  }
+  return {grad_input, grad_weight, grad_bias, grad_other};
+}
+
+class BatchNormAddDivSwishFunction
+    : public torch::autograd::Function<BatchNormAddDivSwishFunction> {
+ public:
+  static at::Tensor forward(
+      AutogradContext* ctx,
+      const at::Tensor& input,
+      const at::Tensor& weight,
+      const at::Tensor& bias,
+      at::Tensor running_mean,
+      at::Tensor running_var,
+      bool training,
+      double momentum,
+      double eps,
+      const at::Tensor& other,
+      const at::Scalar& divisor) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    ctx->saved_data["training"] = training;
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["divisor"] = divisor;
+    if (!training) {
+      auto out = custom_batch_norm_add_div_swish(
+          input, toOptional(weight), toOptional(bias), running_mean, running_var,
+          training, momentum, eps, other, divisor);
+      ctx->save_for_backward({input, weight, bias, other, running_mean, running_var});
+      return out;
+    }
+    auto [out, save_mean, save_invstd] = batchNormAddDivSwishForward(
+        input, toOptional(weight), toOptional(bias), running_mean, running_var,
+        training, momentum, eps, other, divisor);
+    ctx->save_for_backward({input, weight, bias, other, save_mean, save_invstd});
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const bool training = ctx->saved_data["training"].toBool();
+    const auto g = backwardFromSaved(ctx, grads[0], training, /*other_index=*/5);
+    return {g[0], g[1], g[2], at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), g[3], at::Tensor()};
+  }
+};
+
+class BatchNormAddDivSwishEvalFunction
+    : public torch::autograd::Function<BatchNormAddDivSwishEvalFunction> {
+ public:
+  static at::Tensor forward(
+      AutogradContext* ctx,
+      const at::Tensor& input,
+      const at::Tensor& weight,
+      const at::Tensor& bias,
+      const at::Tensor& running_mean,
+      const at::Tensor& running_var,
+      double eps,
+      const at::Tensor& other,
+      const at::Scalar& divisor) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    ctx->saved_data["eps"] = eps;
+    ctx->saved_data["divisor"] = divisor;
+    ctx->save_for_backward({input, weight, bias, other, running_mean, running_var});
+    return batchNormAddDivSwishEval(
+        input, toOptional(weight), toOptional(bias), running_mean, running_var, eps,
+        other, divisor);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto g = backwardFromSaved(ctx, grads[0], /*training=*/false, /*other_index=*/5);
+    return {g[0], g[1], g[2], at::Tensor(), at::Tensor(), at::Tensor(), g[3], at::Tensor()};
+  }
+};
+
+void bumpVersion(const at::Tensor& t) {
+  // NB: this kernel runs below ADInplaceOrView, which bumps the version of
+  // tensors that aten's in-place ops write; do the same for the stats.
+  if (!t.is_inference()) {
+    torch::autograd::impl::bump_version(t);
+  }
+}
+
+at::Tensor batchNormAddDivSwishAutograd(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    at::Tensor& running_mean,
+    at::Tensor& running_var,
+    bool training,
+    double momentum,
+    double eps,
+    const at::Tensor& other,
+    const at::Scalar& divisor) {
+  at::Tensor out;
+  if (!needsGraph(input, weight, bias, other)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    out = custom_batch_norm_add_div_swish(
+        input, weight, bias, running_mean, running_var, training, momentum, eps,
+        other, divisor);
+  } else {
+    out = BatchNormAddDivSwishFunction::apply(
+        input, orUndefined(weight), orUndefined(bias), running_mean, running_var,
+        training, momentum, eps, other, divisor);
+  }
+  if (training) {
+    bumpVersion(running_mean);
+    bumpVersion(running_var);
+  }
+  return out;
+}
+
+at::Tensor batchNormAddDivSwishEvalAutograd(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& running_mean,
+    const at::Tensor& running_var,
+    double eps,
+    const at::Tensor& other,
+    const at::Scalar& divisor) {
+  if (!needsGraph(input, weight, bias, other)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return batchNormAddDivSwishEval(
+        input, weight, bias, running_mean, running_var, eps, other, divisor);
+  }
+  return BatchNormAddDivSwishEvalFunction::apply(
+      input, orUndefined(weight), orUndefined(bias), running_mean, running_var, eps,
+      other, divisor);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+batchNormAddDivSwishBackwardAutograd(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& mean,
+    const at::Tensor& invstd,
+    bool training,
+    const at::Tensor& other,
+    const at::Scalar& divisor,
+    std::array<bool, 3> output_mask) {
+  refuseDoubleBackward(
+      "torchfuse::custom_batch_norm_add_div_swish", grad_output, input, weight,
+      bias, other);
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return batchNormAddDivSwishBackward(
+      grad_output, input, weight, bias, mean, invstd, training, other, divisor,
+      output_mask);
+}
+
+} // namespace
+} // namespace torchfuse::ops
+
+TORCH_LIBRARY_IMPL(torchfuse, Autograd, m) {
+  using namespace torchfuse::ops;
+  m.impl(
+      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish"),
+      TORCH_FN(batchNormAddDivSwishAutograd));
+  m.impl(
+      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish_eval"),
+      TORCH_FN(batchNormAddDivSwishEvalAutograd));
+  m.impl(
+      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish_backward"),
+      TORCH_FN(batchNormAddDivSwishBackwardAutograd));
+}

@@ -1,0 +1,109 @@
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include "ops/common/autograd_utils.h"
+#include "ops/conv_relu_add.h"
+#include "torchfuse/ops.h"
+
+namespace torchfuse::ops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Saves input, weight and a 1-bit ReLU mask of the conv output; other only by
+// its shape.
+class ConvReluAddFunction : public torch::autograd::Function<ConvReluAddFunction> {
+ public:
+  static at::Tensor forward(
+      AutogradContext* ctx,
+      const at::Tensor& input,
+      const at::Tensor& weight,
+      const at::Tensor& bias,
+      std::vector<int64_t> stride,
+      std::vector<int64_t> padding,
+      std::vector<int64_t> dilation,
+      int64_t groups,
+      const at::Tensor& other,
+      const at::Scalar& alpha) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [out, mask] = convReluAddForward(
+        input, weight, toOptional(bias), stride, padding, dilation, groups, other, alpha);
+    ctx->save_for_backward({input, weight, mask});
+    ctx->saved_data["stride"] = stride;
+    ctx->saved_data["padding"] = padding;
+    ctx->saved_data["dilation"] = dilation;
+    ctx->saved_data["groups"] = groups;
+    ctx->saved_data["other_sizes"] = other.sizes().vec();
+    ctx->saved_data["alpha"] = alpha;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    auto [grad_input, grad_weight, grad_bias] = convReluAddBackward(
+        grads[0], saved[2], saved[0], saved[1],
+        ctx->saved_data["stride"].toIntVector(),
+        ctx->saved_data["padding"].toIntVector(),
+        ctx->saved_data["dilation"].toIntVector(),
+        ctx->saved_data["groups"].toInt(),
+        {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2)});
+    at::Tensor grad_other;
+    if (ctx->needs_input_grad(3)) {
+      grad_other = scaledBy(
+          grads[0].sum_to_size(ctx->saved_data["other_sizes"].toIntVector()),
+          ctx->saved_data["alpha"].toScalar());
+    }
+    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), grad_other, at::Tensor()};
+  }
+};
+
+at::Tensor convReluAddAutograd(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    const at::Tensor& other,
+    const at::Scalar& alpha) {
+  if (!needsGraph(input, weight, bias, other)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return custom_conv_relu_add(
+        input, weight, bias, stride, padding, dilation, groups, other, alpha);
+  }
+  return ConvReluAddFunction::apply(
+      input, weight, orUndefined(bias), stride.vec(), padding.vec(), dilation.vec(),
+      groups, other, alpha);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackwardAutograd(
+    const at::Tensor& grad_output,
+    const at::Tensor& mask,
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    std::array<bool, 3> output_mask) {
+  refuseDoubleBackward("torchfuse::custom_conv_relu_add", grad_output, input, weight);
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return convReluAddBackward(
+      grad_output, mask, input, weight, stride, padding, dilation, groups, output_mask);
+}
+
+} // namespace
+} // namespace torchfuse::ops
+
+TORCH_LIBRARY_IMPL(torchfuse, Autograd, m) {
+  using namespace torchfuse::ops;
+  m.impl(
+      TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add"),
+      TORCH_FN(convReluAddAutograd));
+  m.impl(
+      TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add_backward"),
+      TORCH_FN(convReluAddBackwardAutograd));
+}

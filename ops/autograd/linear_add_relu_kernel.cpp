@@ -1,0 +1,86 @@
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include "ops/common/autograd_utils.h"
+#include "ops/linear_add_relu.h"
+#include "torchfuse/ops.h"
+
+namespace torchfuse::ops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Saves input, weight and the output (the ReLU mask is read off the output);
+// other only by its shape.
+class LinearAddReluFunction
+    : public torch::autograd::Function<LinearAddReluFunction> {
+ public:
+  static at::Tensor forward(
+      AutogradContext* ctx,
+      const at::Tensor& input,
+      const at::Tensor& weight,
+      const at::Tensor& bias,
+      const at::Tensor& other,
+      const at::Scalar& alpha) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto out = custom_linear_add_relu(input, weight, toOptional(bias), other, alpha);
+    ctx->save_for_backward({input, weight, out});
+    ctx->saved_data["other_sizes"] = other.sizes().vec();
+    ctx->saved_data["alpha"] = alpha;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto alpha = ctx->saved_data["alpha"].toScalar();
+    auto [grad_input, grad_weight, grad_bias, grad_sum] = linearAddReluBackward(
+        grads[0], saved[0], saved[1], saved[2],
+        {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2)});
+    at::Tensor grad_other;
+    if (ctx->needs_input_grad(3)) {
+      grad_other = scaledBy(
+          grad_sum.sum_to_size(ctx->saved_data["other_sizes"].toIntVector()), alpha);
+    }
+    return {grad_input, grad_weight, grad_bias, grad_other, at::Tensor()};
+  }
+};
+
+at::Tensor linearAddReluAutograd(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& other,
+    const at::Scalar& alpha) {
+  if (!needsGraph(input, weight, bias, other)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return custom_linear_add_relu(input, weight, bias, other, alpha);
+  }
+  return LinearAddReluFunction::apply(input, weight, orUndefined(bias), other, alpha);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+linearAddReluBackwardAutograd(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const at::Tensor& result,
+    std::array<bool, 3> output_mask) {
+  refuseDoubleBackward(
+      "torchfuse::custom_linear_add_relu", grad_output, input, weight, result);
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return linearAddReluBackward(grad_output, input, weight, result, output_mask);
+}
+
+} // namespace
+} // namespace torchfuse::ops
+
+TORCH_LIBRARY_IMPL(torchfuse, Autograd, m) {
+  using namespace torchfuse::ops;
+  m.impl(
+      TORCH_SELECTIVE_NAME("torchfuse::custom_linear_add_relu"),
+      TORCH_FN(linearAddReluAutograd));
+  m.impl(
+      TORCH_SELECTIVE_NAME("torchfuse::custom_linear_add_relu_backward"),
+      TORCH_FN(linearAddReluBackwardAutograd));
+}

@@ -1,0 +1,56 @@
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include "ops/common/autograd_utils.h"
+#include "ops/relu.h"
+#include "torchfuse/ops.h"
+
+namespace torchfuse::ops {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// NB: saves a 1-bit mask, not the output: the backward then reads 1/32 of the
+// bytes the output would take, and the output's memory stays the caller's.
+class ReluFunction : public torch::autograd::Function<ReluFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& input) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [out, mask] = reluForwardMask(input);
+    ctx->save_for_backward({mask});
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto mask = ctx->get_saved_variables()[0];
+    return {reluBackward(grads[0], mask)};
+  }
+};
+
+at::Tensor reluAutograd(const at::Tensor& input) {
+  if (!needsGraph(input)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return custom_relu(input);
+  }
+  return ReluFunction::apply(input);
+}
+
+at::Tensor reluBackwardAutograd(
+    const at::Tensor& grad_output,
+    const at::Tensor& mask) {
+  refuseDoubleBackward("torchfuse::custom_relu", grad_output);
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return reluBackward(grad_output, mask);
+}
+
+} // namespace
+} // namespace torchfuse::ops
+
+TORCH_LIBRARY_IMPL(torchfuse, Autograd, m) {
+  using namespace torchfuse::ops;
+  m.impl(TORCH_SELECTIVE_NAME("torchfuse::custom_relu"), TORCH_FN(reluAutograd));
+  m.impl(
+      TORCH_SELECTIVE_NAME("torchfuse::custom_relu_backward"),
+      TORCH_FN(reluBackwardAutograd));
+}

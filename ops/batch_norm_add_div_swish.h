@@ -1,0 +1,113 @@
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Scalar.h>
+
+#include <array>
+#include <optional>
+#include <tuple>
+
+namespace torchfuse::ops {
+
+void checkBatchNormAddDivSwishInputs(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& running_mean,
+    const at::Tensor& running_var,
+    const at::Tensor& other,
+    const at::Scalar& divisor);
+
+// The dtype of the saved statistics and of the backward's arithmetic.
+at::ScalarType batchNormOpmathType(at::ScalarType input);
+
+// Reference kernels: ATen compositions that run on any device.
+at::Tensor batchNormAddDivSwishComposite(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    at::Tensor& running_mean,
+    at::Tensor& running_var,
+    bool training,
+    double momentum,
+    double eps,
+    const at::Tensor& other,
+    const at::Scalar& divisor);
+
+at::Tensor batchNormAddDivSwishEvalComposite(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& running_mean,
+    const at::Tensor& running_var,
+    double eps,
+    const at::Tensor& other,
+    const at::Scalar& divisor);
+
+// Returns (output, save_mean, save_invstd); in eval mode the statistics are
+// empty.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForwardComposite(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    at::Tensor& running_mean,
+    at::Tensor& running_var,
+    bool training,
+    double momentum,
+    double eps,
+    const at::Tensor& other,
+    const at::Scalar& divisor);
+
+// mean and invstd are the batch statistics (training) or the running mean and
+// 1/sqrt(running_var + eps) (eval).  Returns (grad_input, grad_weight,
+// grad_bias, grad_sum), the last being the gradient of `batch_norm + other`,
+// which the caller reduces to other's shape.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+batchNormAddDivSwishBackwardComposite(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& mean,
+    const at::Tensor& invstd,
+    bool training,
+    const at::Tensor& other,
+    const at::Scalar& divisor,
+    std::array<bool, 3> output_mask);
+
+at::Tensor batchNormAddDivSwishEval(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& running_mean,
+    const at::Tensor& running_var,
+    double eps,
+    const at::Tensor& other,
+    const at::Scalar& divisor);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForward(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    at::Tensor& running_mean,
+    at::Tensor& running_var,
+    bool training,
+    double momentum,
+    double eps,
+    const at::Tensor& other,
+    const at::Scalar& divisor);
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+batchNormAddDivSwishBackward(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& mean,
+    const at::Tensor& invstd,
+    bool training,
+    const at::Tensor& other,
+    const at::Scalar& divisor,
+    std::array<bool, 3> output_mask);
+
+} // namespace torchfuse::ops

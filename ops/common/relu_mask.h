@@ -1,0 +1,27 @@
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/SymInt.h>
+
+namespace torchfuse::ops {
+
+// NB: a ReLU mask holds one bit per element, in logical row-major order,
+// packed little-endian into 32-bit words and stored as uint8.  That is the
+// layout the CUDA kernels write with one warp ballot per word, so every
+// device and the Meta kernels agree on it.  A set bit means the gradient
+// passes: !(y <= 0), which, like PyTorch's threshold_backward, lets a NaN
+// output pass its gradient.
+
+int64_t reluMaskBytes(int64_t numel);
+c10::SymInt reluMaskBytes(const c10::SymInt& numel);
+
+// keep: a bool tensor of any shape.
+at::Tensor packReluMask(const at::Tensor& keep);
+
+// The bool tensor of shape `sizes` that packReluMask packed.
+at::Tensor unpackReluMask(const at::Tensor& mask, at::IntArrayRef sizes);
+
+// !(y <= 0) for a ReLU output y.
+at::Tensor reluKeep(const at::Tensor& y);
+
+} // namespace torchfuse::ops

@@ -1,0 +1,160 @@
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "ops/batch_norm_add_div_swish.h"
+
+namespace torchfuse::ops {
+namespace {
+
+at::Tensor addDivSwish(const at::Tensor& bn, const at::Tensor& other, const at::Scalar& divisor) {
+  const auto t = at::div(at::add(bn, other), divisor);
+  return at::mul(t, at::sigmoid(t));
+}
+
+// The per-channel vector t viewed to broadcast along dim 1 of an n-D input.
+at::Tensor perChannel(const at::Tensor& t, int64_t dim) {
+  std::vector<int64_t> shape(dim, 1);
+  shape[1] = t.numel();
+  return t.view(shape);
+}
+
+} // namespace
+
+at::Tensor batchNormAddDivSwishComposite(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    at::Tensor& running_mean,
+    at::Tensor& running_var,
+    bool training,
+    double momentum,
+    double eps,
+    const at::Tensor& other,
+    const at::Scalar& divisor) {
+  checkBatchNormAddDivSwishInputs(
+      input, weight, bias, running_mean, running_var, other, divisor);
+  const auto bn = at::batch_norm(
+      input, weight, bias, running_mean, running_var, training, momentum, eps,
+      /*cudnn_enabled=*/true);
+  return addDivSwish(bn, other, divisor);
+}
+
+at::Tensor batchNormAddDivSwishEvalComposite(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& running_mean,
+    const at::Tensor& running_var,
+    double eps,
+    const at::Tensor& other,
+    const at::Scalar& divisor) {
+  checkBatchNormAddDivSwishInputs(
+      input, weight, bias, running_mean, running_var, other, divisor);
+  const auto bn = at::batch_norm(
+      input, weight, bias, running_mean, running_var, /*training=*/false,
+      /*momentum=*/0.0, eps, /*cudnn_enabled=*/true);
+  return addDivSwish(bn, other, divisor);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForwardComposite(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    at::Tensor& running_mean,
+    at::Tensor& running_var,
+    bool training,
+    double momentum,
+    double eps,
+    const at::Tensor& other,
+    const at::Scalar& divisor) {
+  checkBatchNormAddDivSwishInputs(
+      input, weight, bias, running_mean, running_var, other, divisor);
+  auto [bn, save_mean, save_invstd] = at::native_batch_norm(
+      input, weight, bias, running_mean, running_var, training, momentum, eps);
+  const auto stats = input.options().dtype(batchNormOpmathType(input.scalar_type()));
+  if (!training) {
+    return {addDivSwish(bn, other, divisor), at::empty({0}, stats), at::empty({0}, stats)};
+  }
+  return {
+      addDivSwish(bn, other, divisor), save_mean.to(stats.dtype()),
+      save_invstd.to(stats.dtype())};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+batchNormAddDivSwishBackwardComposite(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& mean,
+    const at::Tensor& invstd,
+    bool training,
+    const at::Tensor& other,
+    const at::Scalar& divisor,
+    std::array<bool, 3> output_mask) {
+  const auto ct = at::promote_types(
+      batchNormOpmathType(input.scalar_type()), grad_output.scalar_type());
+  const int64_t dim = input.dim();
+  std::vector<int64_t> reduce_dims;
+  for (int64_t d = 0; d < dim; ++d) {
+    if (d != 1) {
+      reduce_dims.push_back(d);
+    }
+  }
+  // Recompute t and sigmoid(t) rather than saving them.
+  const auto x_hat =
+      (input.to(ct) - perChannel(mean.to(ct), dim)) * perChannel(invstd.to(ct), dim);
+  const auto w = weight.has_value() && weight->defined()
+      ? perChannel(weight->to(ct), dim)
+      : at::ones({}, input.options().dtype(ct));
+  auto bn = x_hat * w;
+  if (bias.has_value() && bias->defined()) {
+    bn = bn + perChannel(bias->to(ct), dim);
+  }
+  const auto t = at::div(at::add(bn, other.to(ct)), divisor);
+  const auto s = at::sigmoid(t);
+  // d/dt [t * sigmoid(t)] = s * (1 + t * (1 - s))
+  const auto grad_sum =
+      at::div(grad_output.to(ct) * s * (1 + t * (1 - s)), divisor);
+  const auto g = grad_sum.sum_to_size(input.sizes());
+  const auto sum_g = g.sum(reduce_dims);
+  const auto sum_g_xhat = (g * x_hat).sum(reduce_dims);
+
+  at::Tensor grad_input, grad_weight, grad_bias;
+  if (output_mask[0]) {
+    const auto scale = w * perChannel(invstd.to(ct), dim);
+    if (training) {
+      const double m = static_cast<double>(input.numel() / input.size(1));
+      grad_input = scale / m *
+          (g * m - perChannel(sum_g, dim) - x_hat * perChannel(sum_g_xhat, dim));
+    } else {
+      grad_input = g * scale;
+    }
+    grad_input = grad_input.to(input.scalar_type());
+  }
+  if (output_mask[1]) {
+    grad_weight = sum_g_xhat;
+  }
+  if (output_mask[2]) {
+    grad_bias = sum_g;
+  }
+  return {grad_input, grad_weight, grad_bias, grad_sum};
+}
+
+} // namespace torchfuse::ops
+
+TORCH_LIBRARY_IMPL(torchfuse, CPU, m) {
+  using namespace torchfuse::ops;
+  m.impl(
+      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish"),
+      TORCH_FN(batchNormAddDivSwishComposite));
+  m.impl(
+      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish_eval"),
+      TORCH_FN(batchNormAddDivSwishEvalComposite));
+  m.impl(
+      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish_forward"),
+      TORCH_FN(batchNormAddDivSwishForwardComposite));
+  m.impl(
+      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish_backward"),
+      TORCH_FN(batchNormAddDivSwishBackwardComposite));
+}

@@ -1,0 +1,107 @@
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "ops/common/relu_mask.h"
+#include "ops/conv_relu_add.h"
+
+namespace torchfuse::ops {
+namespace {
+
+at::Tensor convolve(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups) {
+  // NB: conv{1,2,3}d, not convolution: they also take unbatched inputs.
+  switch (weight.dim()) {
+    case 3:
+      return at::conv1d(input, weight, bias, stride, padding, dilation, groups);
+    case 4:
+      return at::conv2d(input, weight, bias, stride, padding, dilation, groups);
+    default:
+      return at::conv3d(input, weight, bias, stride, padding, dilation, groups);
+  }
+}
+
+std::vector<int64_t> expanded(at::IntArrayRef v, int64_t n) {
+  return v.size() == 1 ? std::vector<int64_t>(n, v[0]) : v.vec();
+}
+
+} // namespace
+
+at::Tensor convReluAddComposite(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    const at::Tensor& other,
+    const at::Scalar& alpha) {
+  checkConvReluAddInputs(input, weight, bias, stride, padding, dilation, groups, other);
+  const auto conv = convolve(input, weight, bias, stride, padding, dilation, groups);
+  return at::add(at::relu(conv), other, alpha);
+}
+
+std::tuple<at::Tensor, at::Tensor> convReluAddForwardComposite(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    const at::Tensor& other,
+    const at::Scalar& alpha) {
+  checkConvReluAddInputs(input, weight, bias, stride, padding, dilation, groups, other);
+  const auto activated =
+      at::relu(convolve(input, weight, bias, stride, padding, dilation, groups));
+  return {at::add(activated, other, alpha), packReluMask(reluKeep(activated))};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackwardComposite(
+    const at::Tensor& grad_output,
+    const at::Tensor& mask,
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    std::array<bool, 3> output_mask) {
+  const auto conv_sizes = convOutputSizes(input, weight, stride, padding, dilation);
+  // `other` may broadcast the result beyond the conv output's shape.
+  auto grad = grad_output.sum_to_size(conv_sizes).to(input.scalar_type());
+  grad = grad.masked_fill(unpackReluMask(mask, conv_sizes).logical_not(), 0);
+  const bool batched = input.dim() == weight.dim();
+  const int64_t spatial = weight.dim() - 2;
+  const std::vector<int64_t> bias_sizes{weight.size(0)};
+  auto [grad_input, grad_weight, grad_bias] = at::convolution_backward(
+      batched ? grad : grad.unsqueeze(0), batched ? input : input.unsqueeze(0),
+      weight, output_mask[2] ? at::OptionalIntArrayRef(bias_sizes) : std::nullopt, expanded(stride, spatial), expanded(padding, spatial),
+      expanded(dilation, spatial), /*transposed=*/false,
+      std::vector<int64_t>(spatial, 0), groups, output_mask);
+  if (!batched && grad_input.defined()) {
+    grad_input = grad_input.squeeze(0);
+  }
+  return std::make_tuple(grad_input, grad_weight, grad_bias);
+}
+
+} // namespace torchfuse::ops
+
+TORCH_LIBRARY_IMPL(torchfuse, CPU, m) {
+  using namespace torchfuse::ops;
+  m.impl(
+      TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add"),
+      TORCH_FN(convReluAddComposite));
+  m.impl(
+      TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add_forward"),
+      TORCH_FN(convReluAddForwardComposite));
+  m.impl(
+      TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add_backward"),
+      TORCH_FN(convReluAddBackwardComposite));
+}

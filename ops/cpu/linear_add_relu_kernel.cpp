@@ -1,0 +1,62 @@
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "ops/common/relu_mask.h"
+#include "ops/linear_add_relu.h"
+
+namespace torchfuse::ops {
+
+at::Tensor linearAddReluComposite(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& other,
+    const at::Scalar& alpha) {
+  checkLinearAddReluInputs(input, weight, bias, other);
+  return at::relu(at::add(at::linear(input, weight, bias), other, alpha));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+linearAddReluBackwardComposite(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const at::Tensor& result,
+    std::array<bool, 3> output_mask) {
+  const int64_t in_features = weight.size(1);
+  const int64_t out_features = weight.size(0);
+  // threshold_backward's rule: the gradient passes where !(result <= 0).
+  const auto grad_sum =
+      grad_output.masked_fill(reluKeep(result).logical_not(), 0);
+  // `other` may broadcast the result beyond the linear output's shape.
+  auto linear_sizes = input.sizes().vec();
+  linear_sizes.back() = out_features;
+  const auto grad_linear = grad_sum.sum_to_size(linear_sizes);
+  const auto g2d = grad_linear.reshape({-1, out_features});
+
+  at::Tensor grad_input, grad_weight, grad_bias;
+  if (output_mask[0]) {
+    grad_input = at::matmul(grad_linear, weight.to(grad_linear.scalar_type()))
+                     .to(input.scalar_type());
+  }
+  if (output_mask[1]) {
+    grad_weight = g2d.t().mm(input.reshape({-1, in_features}).to(g2d.scalar_type()))
+                      .to(weight.scalar_type());
+  }
+  if (output_mask[2]) {
+    grad_bias = g2d.sum(0);
+  }
+  return {grad_input, grad_weight, grad_bias, grad_sum};
+}
+
+} // namespace torchfuse::ops
+
+TORCH_LIBRARY_IMPL(torchfuse, CPU, m) {
+  using namespace torchfuse::ops;
+  m.impl(
+      TORCH_SELECTIVE_NAME("torchfuse::custom_linear_add_relu"),
+      TORCH_FN(linearAddReluComposite));
+  m.impl(
+      TORCH_SELECTIVE_NAME("torchfuse::custom_linear_add_relu_backward"),
+      TORCH_FN(linearAddReluBackwardComposite));
+}
