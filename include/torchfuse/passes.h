@@ -1,0 +1,26 @@
+#pragma once
+
+// The fusion passes.  Each rewrites one chain in a graph and every sub-block
+// of it, returns how many chains it fused, and leaves anything it does not
+// fully understand unchanged (it never throws on a foreign graph).
+
+#include <torch/csrc/jit/ir/ir.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "torchfuse/export.h"
+
+namespace torchfuse::passes {
+
+// linear -> add -> relu  =>  torchfuse::custom_linear_add_relu
+TORCHFUSE_API int64_t FuseLinearAddRelu(std::shared_ptr<torch::jit::Graph>& graph);
+// conv{1,2,3}d -> relu -> add  =>  torchfuse::custom_conv_relu_add
+TORCHFUSE_API int64_t FuseConvReluAdd(std::shared_ptr<torch::jit::Graph>& graph);
+// batch_norm -> add -> div -> x*sigmoid(x) | silu
+//   =>  torchfuse::custom_batch_norm_add_div_swish (or its _eval form)
+TORCHFUSE_API int64_t FuseBatchNormAddDivSwish(std::shared_ptr<torch::jit::Graph>& graph);
+// a standalone relu / relu_  =>  torchfuse::custom_relu; runs last.
+TORCHFUSE_API int64_t ReplaceRelu(std::shared_ptr<torch::jit::Graph>& graph);
+
+} // namespace torchfuse::passes
