@@ -13,14 +13,26 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // Saved: input, weight, bias, other and per-channel statistics; t and
-// sigmoid(t) are recomputed in the backward.  other_index counts tensor
-// arguments only, as needs_input_grad does.
+// sigmoid(t) are recomputed in the backward.  Both Functions take the tensor
+// arguments (input, weight?, bias?, running_mean, running_var, other).
+void saveOptionalPresence(
+    AutogradContext* ctx,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias) {
+  ctx->saved_data["has_weight"] = weight.has_value() && weight->defined();
+  ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+}
+
 variable_list backwardFromSaved(
     AutogradContext* ctx,
     const at::Tensor& grad_output,
-    bool training,
-    int64_t other_index) {
+    bool training) {
   const auto saved = ctx->get_saved_variables();
+  const bool has_weight = ctx->saved_data["has_weight"].toBool();
+  const bool has_bias = ctx->saved_data["has_bias"].toBool();
+  const auto needs = [&](size_t arg) {
+    return needsTensorGrad(ctx, {true, has_weight, has_bias, true, true, true}, arg);
+  };
   const auto& input = saved[0];
   const auto& other = saved[3];
   at::Tensor mean = saved[4];
@@ -34,9 +46,9 @@ variable_list backwardFromSaved(
   auto [grad_input, grad_weight, grad_bias, grad_sum] = batchNormAddDivSwishBackward(
       grad_output, input, toOptional(saved[1]), toOptional(saved[2]), mean, invstd,
       training, other, ctx->saved_data["divisor"].toScalar(),
-      {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2)});
+      {needs(0), needs(1), needs(2)});
   at::Tensor grad_other;
-  if (ctx->needs_input_grad(other_index)) {
+  if (needs(5)) {
     grad_other = grad_sum.sum_to_size(other.sizes());
   }
   return {grad_input, grad_weight, grad_bias, grad_other};
@@ -48,8 +60,8 @@ class BatchNormAddDivSwishFunction
   static at::Tensor forward(
       AutogradContext* ctx,
       const at::Tensor& input,
-      const at::Tensor& weight,
-      const at::Tensor& bias,
+      const std::optional<at::Tensor>& weight,
+      const std::optional<at::Tensor>& bias,
       at::Tensor running_mean,
       at::Tensor running_var,
       bool training,
@@ -58,26 +70,31 @@ class BatchNormAddDivSwishFunction
       const at::Tensor& other,
       const at::Scalar& divisor) {
     at::AutoDispatchBelowADInplaceOrView guard;
+    saveOptionalPresence(ctx, weight, bias);
     ctx->saved_data["training"] = training;
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["divisor"] = divisor;
     if (!training) {
       auto out = custom_batch_norm_add_div_swish(
-          input, toOptional(weight), toOptional(bias), running_mean, running_var,
-          training, momentum, eps, other, divisor);
-      ctx->save_for_backward({input, weight, bias, other, running_mean, running_var});
+          input, weight, bias, running_mean, running_var, training, momentum, eps,
+          other, divisor);
+      ctx->save_for_backward(
+          {input, orUndefined(weight), orUndefined(bias), other, running_mean,
+           running_var});
       return out;
     }
     auto [out, save_mean, save_invstd] = batchNormAddDivSwishForward(
-        input, toOptional(weight), toOptional(bias), running_mean, running_var,
-        training, momentum, eps, other, divisor);
-    ctx->save_for_backward({input, weight, bias, other, save_mean, save_invstd});
+        input, weight, bias, running_mean, running_var, training, momentum, eps,
+        other, divisor);
+    ctx->save_for_backward(
+        {input, orUndefined(weight), orUndefined(bias), other, save_mean,
+         save_invstd});
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const bool training = ctx->saved_data["training"].toBool();
-    const auto g = backwardFromSaved(ctx, grads[0], training, /*other_index=*/5);
+    const auto g = backwardFromSaved(ctx, grads[0], training);
     return {g[0], g[1], g[2], at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor(), g[3], at::Tensor()};
   }
@@ -89,24 +106,26 @@ class BatchNormAddDivSwishEvalFunction
   static at::Tensor forward(
       AutogradContext* ctx,
       const at::Tensor& input,
-      const at::Tensor& weight,
-      const at::Tensor& bias,
+      const std::optional<at::Tensor>& weight,
+      const std::optional<at::Tensor>& bias,
       const at::Tensor& running_mean,
       const at::Tensor& running_var,
       double eps,
       const at::Tensor& other,
       const at::Scalar& divisor) {
     at::AutoDispatchBelowADInplaceOrView guard;
+    saveOptionalPresence(ctx, weight, bias);
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["divisor"] = divisor;
-    ctx->save_for_backward({input, weight, bias, other, running_mean, running_var});
+    ctx->save_for_backward(
+        {input, orUndefined(weight), orUndefined(bias), other, running_mean,
+         running_var});
     return batchNormAddDivSwishEval(
-        input, toOptional(weight), toOptional(bias), running_mean, running_var, eps,
-        other, divisor);
+        input, weight, bias, running_mean, running_var, eps, other, divisor);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto g = backwardFromSaved(ctx, grads[0], /*training=*/false, /*other_index=*/5);
+    const auto g = backwardFromSaved(ctx, grads[0], /*training=*/false);
     return {g[0], g[1], g[2], at::Tensor(), at::Tensor(), at::Tensor(), g[3], at::Tensor()};
   }
 };
@@ -137,8 +156,10 @@ at::Tensor batchNormAddDivSwishAutograd(
         input, weight, bias, running_mean, running_var, training, momentum, eps,
         other, divisor);
   } else {
+    // NB: absent weight and bias go to apply as optionals, which apply skips;
+    // undefined at::Tensor inputs fail there ("tensor does not have a device").
     out = BatchNormAddDivSwishFunction::apply(
-        input, orUndefined(weight), orUndefined(bias), running_mean, running_var,
+        input, weight, bias, running_mean, running_var,
         training, momentum, eps, other, divisor);
   }
   if (training) {
@@ -163,7 +184,7 @@ at::Tensor batchNormAddDivSwishEvalAutograd(
         input, weight, bias, running_mean, running_var, eps, other, divisor);
   }
   return BatchNormAddDivSwishEvalFunction::apply(
-      input, orUndefined(weight), orUndefined(bias), running_mean, running_var, eps,
+      input, weight, bias, running_mean, running_var, eps,
       other, divisor);
 }
 

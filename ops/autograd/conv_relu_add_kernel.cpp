@@ -19,7 +19,7 @@ class ConvReluAddFunction : public torch::autograd::Function<ConvReluAddFunction
       AutogradContext* ctx,
       const at::Tensor& input,
       const at::Tensor& weight,
-      const at::Tensor& bias,
+      const std::optional<at::Tensor>& bias,
       std::vector<int64_t> stride,
       std::vector<int64_t> padding,
       std::vector<int64_t> dilation,
@@ -28,7 +28,7 @@ class ConvReluAddFunction : public torch::autograd::Function<ConvReluAddFunction
       const at::Scalar& alpha) {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out, mask] = convReluAddForward(
-        input, weight, toOptional(bias), stride, padding, dilation, groups, other, alpha);
+        input, weight, bias, stride, padding, dilation, groups, other, alpha);
     ctx->save_for_backward({input, weight, mask});
     ctx->saved_data["stride"] = stride;
     ctx->saved_data["padding"] = padding;
@@ -36,20 +36,25 @@ class ConvReluAddFunction : public torch::autograd::Function<ConvReluAddFunction
     ctx->saved_data["groups"] = groups;
     ctx->saved_data["other_sizes"] = other.sizes().vec();
     ctx->saved_data["alpha"] = alpha;
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    const auto needs = [&](size_t arg) {
+      return needsTensorGrad(ctx, {true, true, has_bias, true}, arg);
+    };
     auto [grad_input, grad_weight, grad_bias] = convReluAddBackward(
         grads[0], saved[2], saved[0], saved[1],
         ctx->saved_data["stride"].toIntVector(),
         ctx->saved_data["padding"].toIntVector(),
         ctx->saved_data["dilation"].toIntVector(),
         ctx->saved_data["groups"].toInt(),
-        {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2)});
+        {needs(0), needs(1), needs(2)});
     at::Tensor grad_other;
-    if (ctx->needs_input_grad(3)) {
+    if (needs(3)) {
       grad_other = scaledBy(
           grads[0].sum_to_size(ctx->saved_data["other_sizes"].toIntVector()),
           ctx->saved_data["alpha"].toScalar());
@@ -74,8 +79,10 @@ at::Tensor convReluAddAutograd(
     return custom_conv_relu_add(
         input, weight, bias, stride, padding, dilation, groups, other, alpha);
   }
+  // NB: an absent bias goes to apply as an optional, which apply skips; an
+  // undefined at::Tensor input fails there ("tensor does not have a device").
   return ConvReluAddFunction::apply(
-      input, weight, orUndefined(bias), stride.vec(), padding.vec(), dilation.vec(),
+      input, weight, bias, stride.vec(), padding.vec(), dilation.vec(),
       groups, other, alpha);
 }
 

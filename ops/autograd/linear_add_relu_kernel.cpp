@@ -20,25 +20,29 @@ class LinearAddReluFunction
       AutogradContext* ctx,
       const at::Tensor& input,
       const at::Tensor& weight,
-      const at::Tensor& bias,
+      const std::optional<at::Tensor>& bias,
       const at::Tensor& other,
       const at::Scalar& alpha) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto out = custom_linear_add_relu(input, weight, toOptional(bias), other, alpha);
+    auto out = custom_linear_add_relu(input, weight, bias, other, alpha);
     ctx->save_for_backward({input, weight, out});
     ctx->saved_data["other_sizes"] = other.sizes().vec();
     ctx->saved_data["alpha"] = alpha;
+    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
     return out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto alpha = ctx->saved_data["alpha"].toScalar();
+    const bool has_bias = ctx->saved_data["has_bias"].toBool();
+    const auto needs = [&](size_t arg) {
+      return needsTensorGrad(ctx, {true, true, has_bias, true}, arg);
+    };
     auto [grad_input, grad_weight, grad_bias, grad_sum] = linearAddReluBackward(
-        grads[0], saved[0], saved[1], saved[2],
-        {ctx->needs_input_grad(0), ctx->needs_input_grad(1), ctx->needs_input_grad(2)});
+        grads[0], saved[0], saved[1], saved[2], {needs(0), needs(1), needs(2)});
     at::Tensor grad_other;
-    if (ctx->needs_input_grad(3)) {
+    if (needs(3)) {
       grad_other = scaledBy(
           grad_sum.sum_to_size(ctx->saved_data["other_sizes"].toIntVector()), alpha);
     }
@@ -56,7 +60,10 @@ at::Tensor linearAddReluAutograd(
     at::AutoDispatchBelowADInplaceOrView guard;
     return custom_linear_add_relu(input, weight, bias, other, alpha);
   }
-  return LinearAddReluFunction::apply(input, weight, orUndefined(bias), other, alpha);
+  // NB: an absent bias goes to apply as an optional: apply records an
+  // undefined at::Tensor as an input and fails ("tensor does not have a
+  // device"), while it skips an empty optional.
+  return LinearAddReluFunction::apply(input, weight, bias, other, alpha);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>

@@ -4,6 +4,7 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/Scalar.h>
 
+#include <initializer_list>
 #include <optional>
 
 namespace torchfuse::ops {
@@ -27,6 +28,28 @@ inline at::Tensor orUndefined(const std::optional<at::Tensor>& t) {
 }
 inline std::optional<at::Tensor> toOptional(const at::Tensor& t) {
   return t.defined() ? std::optional<at::Tensor>(t) : std::nullopt;
+}
+
+// NB: Function::apply skips an absent optional tensor argument (an undefined
+// at::Tensor argument would fail there), so needs_input_grad indexes only the
+// tensor arguments that are present.  `present` lists, for each tensor
+// argument in order, whether it is present; returns needs_input_grad of
+// tensor argument `arg`.
+template <typename Context>
+bool needsTensorGrad(
+    Context* ctx,
+    std::initializer_list<bool> present,
+    size_t arg) {
+  size_t index = 0;
+  size_t i = 0;
+  for (const bool p : present) {
+    if (i == arg) {
+      return p && ctx->needs_input_grad(index);
+    }
+    index += p ? 1 : 0;
+    ++i;
+  }
+  return false;
 }
 
 // The gradient of `alpha * other`, skipping the product for alpha == 1 as

@@ -69,9 +69,19 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForwardCompos
     const at::Scalar& divisor) {
   checkBatchNormAddDivSwishInputs(
       input, weight, bias, running_mean, running_var, other, divisor);
+  const auto stats = input.options().dtype(batchNormOpmathType(input.scalar_type()));
+  if (input.numel() == 0) {
+    // NB: native_batch_norm refuses empty inputs; batch_norm returns an empty
+    // result and leaves the running statistics alone.  The backward of an
+    // empty input reads no statistics, so zeros of the right shape do.
+    const auto bn = at::batch_norm(
+        input, weight, bias, running_mean, running_var, training, momentum, eps,
+        /*cudnn_enabled=*/true);
+    const auto zeros = at::zeros({training ? input.size(1) : 0}, stats);
+    return {addDivSwish(bn, other, divisor), zeros, zeros.clone()};
+  }
   auto [bn, save_mean, save_invstd] = at::native_batch_norm(
       input, weight, bias, running_mean, running_var, training, momentum, eps);
-  const auto stats = input.options().dtype(batchNormOpmathType(input.scalar_type()));
   if (!training) {
     return {addDivSwish(bn, other, divisor), at::empty({0}, stats), at::empty({0}, stats)};
   }
