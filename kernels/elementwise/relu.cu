@@ -9,22 +9,19 @@ namespace torchfuse::kernels {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+// Vectors each thread keeps in flight: enough outstanding bytes to reach copy
+// bandwidth on HBM3/HBM3e without a grid-stride loop.
+constexpr int kUnroll = 4;
 
 template <typename T>
-__device__ __forceinline__ T reluOf(T v) {
-  // NB: `v <= 0 ? 0 : v`, as PyTorch's kernel: NaN compares false and stays.
-  return static_cast<float>(v) <= 0.f ? T(0.f) : v;
+__device__ __forceinline__ bool clamps(T v) {
+  // NB: `v <= 0`, as PyTorch's kernel: NaN compares false, so relu(NaN) is
+  // NaN and its gradient passes.
+  return static_cast<float>(v) <= 0.f;
 }
-__device__ __forceinline__ double reluOf(double v) {
-  return v <= 0. ? 0. : v;
-}
-
-template <typename T>
-__device__ __forceinline__ bool keepOf(T y) {
-  return !(static_cast<float>(y) <= 0.f);
-}
-__device__ __forceinline__ bool keepOf(double y) {
-  return !(y <= 0.);
+__device__ __forceinline__ bool clamps(double v) {
+  return v <= 0.;
 }
 
 // 16-byte vectors: the loads and stores that reach copy bandwidth.
@@ -34,75 +31,139 @@ struct alignas(16) Vec {
   T v[kSize];
 };
 
+// Elements covered by one warp-wide vector access.
 template <typename T>
-__global__ void reluVecKernel(const T* __restrict__ x, T* __restrict__ y, int64_t nvec) {
-  const auto* xv = reinterpret_cast<const Vec<T>*>(x);
-  auto* yv = reinterpret_cast<Vec<T>*>(y);
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < nvec;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    Vec<T> a = xv[i];
-#pragma unroll
-    for (int k = 0; k < Vec<T>::kSize; ++k) {
-      a.v[k] = reluOf(a.v[k]);
-    }
-    yv[i] = a;
-  }
+constexpr int64_t warpChunk() {
+  return 32 * Vec<T>::kSize;
 }
 
-template <typename T>
-__global__ void reluTailKernel(const T* __restrict__ x, T* __restrict__ y, int64_t begin, int64_t n) {
-  const int64_t i = begin + blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (i < n) {
-    y[i] = reluOf(x[i]);
-  }
-}
-
-// One warp per 32-element word: the warp ballot is the mask word.
-template <typename T>
-__global__ void reluMaskKernel(
+// Forward on whole warp chunks.  Each lane holds kSize consecutive elements,
+// so the kSize-bit groups of 32 / kSize neighbouring lanes form one 32-bit
+// mask word; an OR across those lanes assembles it.
+template <typename T, bool kMask>
+__global__ void __launch_bounds__(kThreads) reluChunkKernel(
     const T* __restrict__ x,
     T* __restrict__ y,
     uint32_t* __restrict__ mask,
+    int64_t chunks) {
+  constexpr int kSize = Vec<T>::kSize;
+  constexpr int kLanesPerWord = 32 / kSize;
+  const int lane = threadIdx.x & 31;
+  const int64_t first =
+      (int64_t(blockIdx.x) * kWarps + threadIdx.x / 32) * kUnroll;
+  const auto* xv = reinterpret_cast<const Vec<T>*>(x);
+  auto* yv = reinterpret_cast<Vec<T>*>(y);
+  Vec<T> a[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    if (first + u < chunks) {
+      a[u] = xv[(first + u) * 32 + lane];
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    if (first + u >= chunks) {
+      break;  // warp-uniform
+    }
+    uint32_t bits = 0;
+#pragma unroll
+    for (int k = 0; k < kSize; ++k) {
+      const bool clamp = clamps(a[u].v[k]);
+      a[u].v[k] = clamp ? T(0.f) : a[u].v[k];
+      bits |= uint32_t(!clamp) << k;
+    }
+    yv[(first + u) * 32 + lane] = a[u];
+    if constexpr (kMask) {
+      uint32_t word = bits << (kSize * (lane % kLanesPerWord));
+#pragma unroll
+      for (int offset = 1; offset < kLanesPerWord; offset <<= 1) {
+        word |= __shfl_xor_sync(0xffffffffu, word, offset);
+      }
+      if (lane % kLanesPerWord == 0) {
+        mask[(first + u) * kSize + lane / kLanesPerWord] = word;
+      }
+    }
+  }
+}
+
+// Elements [begin, n), begin a multiple of 32: one warp per mask word.
+template <typename T>
+__global__ void reluTailKernel(
+    const T* __restrict__ x,
+    T* __restrict__ y,
+    uint32_t* __restrict__ mask,
+    int64_t begin,
     int64_t n) {
   const int lane = threadIdx.x & 31;
-  const int64_t words = (n + 31) / 32;
-  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
-  for (int64_t w = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32; w < words;
-       w += warps) {
-    const int64_t i = w * 32 + lane;
-    bool keep = false;
-    if (i < n) {
-      const T out = reluOf(x[i]);
-      y[i] = out;
-      keep = keepOf(out);
+  const int64_t w = begin / 32 + (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) / 32;
+  const int64_t i = w * 32 + lane;
+  bool keep = false;
+  if (i < n) {
+    const T v = x[i];
+    keep = !clamps(v);
+    y[i] = keep ? v : T(0.f);
+  }
+  const uint32_t bits = __ballot_sync(0xffffffffu, keep);
+  if (mask != nullptr && lane == 0 && w * 32 < n) {
+    mask[w] = bits;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) reluBackwardChunkKernel(
+    const T* __restrict__ dy,
+    const uint32_t* __restrict__ mask,
+    T* __restrict__ dx,
+    int64_t chunks) {
+  constexpr int kSize = Vec<T>::kSize;
+  constexpr uint32_t kBits = (1u << kSize) - 1u;
+  const int lane = threadIdx.x & 31;
+  const int64_t first =
+      (int64_t(blockIdx.x) * kWarps + threadIdx.x / 32) * kUnroll;
+  const auto* dyv = reinterpret_cast<const Vec<T>*>(dy);
+  auto* dxv = reinterpret_cast<Vec<T>*>(dx);
+  Vec<T> g[kUnroll];
+  uint32_t bits[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    if (first + u < chunks) {
+      const int64_t v = (first + u) * 32 + lane;  // vector index
+      g[u] = dyv[v];
+      const int64_t e = v * kSize;                // first element
+      bits[u] = (mask[e / 32] >> (e % 32)) & kBits;
     }
-    const uint32_t bits = __ballot_sync(0xffffffffu, keep);
-    if (lane == 0) {
-      mask[w] = bits;
+  }
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    if (first + u < chunks) {
+#pragma unroll
+      for (int k = 0; k < kSize; ++k) {
+        g[u].v[k] = ((bits[u] >> k) & 1u) ? g[u].v[k] : T(0.f);
+      }
+      dxv[(first + u) * 32 + lane] = g[u];
     }
   }
 }
 
 template <typename T>
-__global__ void reluBackwardKernel(
+__global__ void reluBackwardTailKernel(
     const T* __restrict__ dy,
     const uint32_t* __restrict__ mask,
     T* __restrict__ dx,
+    int64_t begin,
     int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x) {
-    const bool keep = (mask[i >> 5] >> (i & 31)) & 1u;
-    dx[i] = keep ? dy[i] : T(0.f);
+  const int64_t i = begin + blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) {
+    dx[i] = ((mask[i >> 5] >> (i & 31)) & 1u) ? dy[i] : T(0.f);
   }
 }
 
-int gridFor(int64_t work_items) {
-  int device = 0;
-  int sms = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  const int64_t blocks = (work_items + kThreads - 1) / kThreads;
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t(sms) * 16)));
+bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+int64_t chunkBlocks(int64_t chunks) {
+  return (chunks + kWarps * kUnroll - 1) / (kWarps * kUnroll);
 }
 
 } // namespace
@@ -112,21 +173,21 @@ void reluForward(const T* x, T* y, uint32_t* mask, int64_t n, cudaStream_t strea
   if (n == 0) {
     return;
   }
-  if (mask != nullptr) {
-    reluMaskKernel<T><<<gridFor((n + 31) / 32 * 32), kThreads, 0, stream>>>(x, y, mask, n);
-    return;
+  const int64_t chunks = aligned16(x) && aligned16(y) ? n / warpChunk<T>() : 0;
+  if (chunks > 0) {
+    if (mask != nullptr) {
+      reluChunkKernel<T, true>
+          <<<chunkBlocks(chunks), kThreads, 0, stream>>>(x, y, mask, chunks);
+    } else {
+      reluChunkKernel<T, false>
+          <<<chunkBlocks(chunks), kThreads, 0, stream>>>(x, y, nullptr, chunks);
+    }
   }
-  constexpr int kVec = Vec<T>::kSize;
-  const bool aligned = (reinterpret_cast<uintptr_t>(x) % 16 == 0) &&
-      (reinterpret_cast<uintptr_t>(y) % 16 == 0);
-  const int64_t nvec = aligned ? n / kVec : 0;
-  if (nvec > 0) {
-    reluVecKernel<T><<<gridFor(nvec), kThreads, 0, stream>>>(x, y, nvec);
-  }
-  const int64_t begin = nvec * kVec;
+  const int64_t begin = chunks * warpChunk<T>();
   if (begin < n) {
-    const int64_t rest = n - begin;
-    reluTailKernel<T><<<(rest + kThreads - 1) / kThreads, kThreads, 0, stream>>>(x, y, begin, n);
+    const int64_t words = (n - begin + 31) / 32;
+    const int64_t blocks = (words * 32 + kThreads - 1) / kThreads;
+    reluTailKernel<T><<<blocks, kThreads, 0, stream>>>(x, y, mask, begin, n);
   }
 }
 
@@ -135,7 +196,16 @@ void reluBackward(const T* dy, const uint32_t* mask, T* dx, int64_t n, cudaStrea
   if (n == 0) {
     return;
   }
-  reluBackwardKernel<T><<<gridFor(n), kThreads, 0, stream>>>(dy, mask, dx, n);
+  const int64_t chunks = aligned16(dy) && aligned16(dx) ? n / warpChunk<T>() : 0;
+  if (chunks > 0) {
+    reluBackwardChunkKernel<T>
+        <<<chunkBlocks(chunks), kThreads, 0, stream>>>(dy, mask, dx, chunks);
+  }
+  const int64_t begin = chunks * warpChunk<T>();
+  if (begin < n) {
+    const int64_t blocks = (n - begin + kThreads - 1) / kThreads;
+    reluBackwardTailKernel<T><<<blocks, kThreads, 0, stream>>>(dy, mask, dx, begin, n);
+  }
 }
 
 #define TORCHFUSE_INSTANTIATE_RELU(T)                                           \
