@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# One command for a GPU machine: build torchfuse against the preinstalled
+# torch, run every test (C++ and Python, GPU tests included), run the
+# benchmarks, and print a short table last.  Finishes within TOTAL_S seconds
+# (default 530, under 9 minutes): each stage runs under `timeout` with what
+# is left of the budget.
+#
+#   bench/gpu_check.sh                 # build, test, bench
+#   bench/gpu_check.sh build bench     # only these stages (the bench gets the time)
+#
+# Environment: OUT (logs and results go there: log.txt, results.json,
+# performance.md, speedup.png; default BUILD_DIR/gpu-check), BUILD_DIR
+# (default build-gpu), TOTAL_S, BENCH_ARGS (extra bench/benchmark.py
+# arguments, e.g. "--workloads relu"), TORCHFUSE_COMMIT (commit to record
+# where the tree has no .git).
+#
+# GoogleTest: if none is installed, CMake builds it from .deps/googletest
+# (a copy of /usr/src/googletest), else from /usr/src/googletest if present.
+#
+# Exit status: non-zero when the build, a test or a benchmark check failed
+# or a stage ran out of time; later stages still run where they can.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+BUILD_DIR=${BUILD_DIR:-build-gpu}
+TOTAL_S=${TOTAL_S:-530}
+stages=${*:-build test bench}
+start=$(date +%s)
+out=${OUT:-$root/$BUILD_DIR/gpu-check}
+mkdir -p "$out"
+log=$out/log.txt
+: > "$log"
+export PATH="$PATH:/usr/local/cuda/bin"  # nvcc, compute-sanitizer
+
+left() { echo $(( TOTAL_S - ($(date +%s) - start) )); }
+min() { if [ "$1" -lt "$2" ]; then echo "$1"; else echo "$2"; fi; }
+say() { echo "$*" | tee -a "$log"; }
+has_stage() { [[ " $stages " == *" $1 "* ]]; }
+
+status=0
+summary=()
+note() { summary+=("$1"); }
+
+say "== gpu_check: $(date '+%Y-%m-%dT%H:%M:%S'), stages: $stages, budget ${TOTAL_S} s, logs in $out"
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,power.limit --format=csv 2>&1
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "device", torch.cuda.get_device_name() if torch.cuda.is_available() else None)' 2>&1
+  command -v nvcc compute-sanitizer cmake 2>&1
+} >> "$log"
+say "   $(python3 -c 'import torch; print(torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else "NO CUDA DEVICE")' 2>&1 | tail -1)"
+
+# ---- build
+built=0
+if has_stage build || has_stage test || has_stage bench; then
+  cmake_args=${CMAKE_ARGS:-}
+  if [ ! -f .deps/googletest/CMakeLists.txt ] && [ -f /usr/src/googletest/CMakeLists.txt ]; then
+    cmake_args="$cmake_args -DTORCHFUSE_GTEST_SOURCE_DIR=/usr/src/googletest"
+  fi
+  t=$(min 300 "$(( $(left) - 120 ))")
+  say "== build ($BUILD_DIR, limit ${t} s)"
+  t0=$(date +%s)
+  if timeout -k 10 "$t" make build BUILD_DIR="$BUILD_DIR" JOBS="$(nproc)" CMAKE_ARGS="$cmake_args" >> "$log" 2>&1; then
+    built=1
+    note "build: ok ($(( $(date +%s) - t0 )) s)"
+  else
+    rc=$?
+    status=1
+    note "build: FAILED (rc $rc$([ $rc -ge 124 ] && echo ', time limit'), $(( $(date +%s) - t0 )) s); see log.txt"
+    grep -E "error|Error" "$log" | tail -15
+  fi
+fi
+
+# ---- tests
+if has_stage test; then
+  if [ $built = 1 ]; then
+    reserve=$(has_stage bench && echo 200 || echo 10)
+    t=$(min 260 "$(( $(left) - reserve ))")
+    if [ "$t" -lt 30 ]; then t=30; fi
+    say "== tests (tools/run_tests.sh, limit ${t} s)"
+    t0=$(date +%s)
+    tlog=$out/.tests.tmp
+    PYTEST_ARGS="${PYTEST_ARGS:--q -rs --durations=10}" timeout -k 10 "$t" tools/run_tests.sh "$BUILD_DIR" > "$tlog" 2>&1
+    rc=$?
+    cat "$tlog" >> "$log"
+    # the counts from ctest and pytest, and what failed
+    grep -E "tests passed|tests failed|(passed|failed|error)[^a-z]*( in |,)|^FAILED|^ERROR|NOT RUN" "$tlog" | tail -25
+    rm -f "$tlog"
+    if [ $rc -ne 0 ]; then
+      status=1
+      note "tests: FAILED (rc $rc$([ $rc -ge 124 ] && echo ', time limit'), $(( $(date +%s) - t0 )) s)"
+    else
+      note "tests: ok ($(( $(date +%s) - t0 )) s)"
+    fi
+  else
+    status=1
+    note "tests: NOT RUN (no build)"
+  fi
+fi
+
+# ---- benchmarks
+if has_stage bench; then
+  if [ $built = 1 ]; then
+    t=$(( $(left) - 25 ))
+    if [ "$t" -lt 60 ]; then t=60; fi
+    say "== benchmarks (limit ${t} s)"
+    t0=$(date +%s)
+    # shellcheck disable=SC1091
+    ( export TORCHFUSE_BUILD_DIR="$root/$BUILD_DIR"; source ./env.sh
+      # shellcheck disable=SC2086
+      OUT="$out" timeout -k 10 "$t" python bench/benchmark.py --budget-s $(( t - 15 )) \
+        --unit-timeout-s 120 --target-s 0.3 ${BENCH_ARGS:-} ) >> "$log" 2>&1
+    rc=$?
+    grep -E "^benchmark:|^ceilings|^  SKIP |WRONG|^  [a-z_]+/[a-z_]+/" "$log" | tail -30
+    if [ $rc -ne 0 ]; then
+      status=1
+      note "bench: FAILED (rc $rc$([ $rc -ge 124 ] && echo ', time limit'), $(( $(date +%s) - t0 )) s)"
+    else
+      note "bench: ok ($(( $(date +%s) - t0 )) s)"
+    fi
+    if [ -f "$out/results.json" ]; then
+      ( export TORCHFUSE_BUILD_DIR="$root/$BUILD_DIR"; source ./env.sh
+        python bench/report.py "$out/results.json" --md "$out/performance.md" --png "$out/speedup.png" ) >> "$log" 2>&1 \
+        || note "report: FAILED (see log.txt)"
+    else
+      status=1
+      note "bench: no results.json written"
+    fi
+  else
+    status=1
+    note "bench: NOT RUN (no build)"
+  fi
+fi
+
+say ""
+say "== summary ($(( $(date +%s) - start )) s, exit $status)"
+for s in "${summary[@]}"; do say "   $s"; done
+if [ -f "$out/results.json" ]; then
+  ( export TORCHFUSE_BUILD_DIR="$root/$BUILD_DIR"; source ./env.sh >/dev/null 2>&1
+    python bench/report.py "$out/results.json" --short ) 2>&1 | tee -a "$log"
+fi
+exit $status
