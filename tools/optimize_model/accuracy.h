@@ -1,0 +1,63 @@
+#pragma once
+
+// --check: run the original and the optimized model on the same random
+// inputs and compare their outputs within a dtype-keyed tolerance.
+
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+#include <torch/csrc/jit/api/module.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "tools/optimize_model/args.h"
+
+namespace torchfuse::tools {
+
+struct Tolerance {
+  double rtol;
+  double atol;
+};
+
+// The one tolerance table: float64 tight, float32 tight, half types looser.
+Tolerance defaultTolerance(c10::ScalarType dtype);
+
+c10::ScalarType parseDtype(const std::string& name);  // a name from dtypeNames()
+
+struct CheckSpec {
+  std::vector<Shape> shapes;
+  std::string shape_spec;  // as given, for messages
+  c10::ScalarType dtype = c10::kFloat;
+  std::string dtype_name = "float32";
+  c10::Device device = c10::Device(c10::kCPU);
+  Tolerance tolerance{};
+  uint64_t seed = 0;
+};
+
+struct CheckResult {
+  double max_abs_error = 0;
+  double max_rel_error = 0;  // over elements whose reference is non-zero
+  int64_t elements = 0;      // compared tensor elements
+  int64_t mismatched = 0;    // elements outside the tolerance
+  double original_ms = 0;    // median time of one forward
+  double optimized_ms = 0;
+  int runs = 0;              // timed runs of each model
+  bool passed = false;
+  std::string failure;       // why it failed, one line; empty when passed
+};
+
+// Reports progress of a long check; called with e.g. "optimized model, run
+// 3/10".  Throttling and printing are the caller's.
+using ProgressFn = std::function<void(const std::string&)>;
+
+// `original` and `optimized` are already on spec.device.  Throws
+// ToolError(kUsage) when the original model rejects the inputs and
+// ToolError(kCheckFailed) when only the optimized one does.
+CheckResult checkAccuracy(
+    torch::jit::Module& original,
+    torch::jit::Module& optimized,
+    const CheckSpec& spec,
+    const ProgressFn& progress);
+
+} // namespace torchfuse::tools
