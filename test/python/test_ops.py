@@ -1,0 +1,335 @@
+"""CPU tests of the torchfuse ops from Python: gradcheck, opcheck, TorchScript
+scripting and save/load, the no-grad path, and batch-norm running stats.
+
+The CUDA side is tested in test_cuda_ops.py.
+"""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+ops = torch.ops.torchfuse
+F64 = torch.float64
+
+
+def signed(*sizes, dtype=F64, requires_grad=False):
+    """Standard-normal values pushed away from zero (never 0, both signs)."""
+    t = torch.randn(*sizes, dtype=dtype)
+    t = torch.where(t.abs() < 0.05, torch.full_like(t, 0.5), t)
+    return t.requires_grad_(requires_grad)
+
+
+def positive(*sizes, dtype=F64):
+    return torch.rand(*sizes, dtype=dtype) + 0.5
+
+
+def gradcheck(fn, inputs):
+    assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-5, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- references
+
+
+def linear_add_relu_ref(x, w, b, other, alpha=1):
+    return torch.relu(F.linear(x, w, b) + alpha * other)
+
+
+def conv_relu_add_ref(x, w, b, stride, padding, dilation, groups, other, alpha=1):
+    conv = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[w.dim()]
+    return torch.relu(conv(x, w, b, stride, padding, dilation, groups)) + alpha * other
+
+
+def bn_swish_ref(x, w, b, rm, rv, training, momentum, eps, other, divisor):
+    t = (F.batch_norm(x, rm, rv, w, b, training, momentum, eps) + other) / divisor
+    return t * torch.sigmoid(t)
+
+
+# ------------------------------------------------------------------ gradcheck
+
+LINEAR_OTHERS = {
+    "per_feature": (5,),
+    "scalar_like": (1,),
+    "full": (3, 5),
+    "beyond_output": (2, 3, 5),
+}
+
+
+@pytest.mark.parametrize("other", list(LINEAR_OTHERS))
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+def test_linear_add_relu_gradcheck(other, bias):
+    x = signed(3, 4, requires_grad=True)
+    w = signed(5, 4, requires_grad=True)
+    o = signed(*LINEAR_OTHERS[other], requires_grad=True)
+    if bias:
+        b = signed(5, requires_grad=True)
+        gradcheck(lambda x, w, b, o: ops.custom_linear_add_relu(x, w, b, o, 0.5), (x, w, b, o))
+    else:
+        gradcheck(lambda x, w, o: ops.custom_linear_add_relu(x, w, None, o, -2), (x, w, o))
+
+
+CONV_CASES = {
+    # name: (input sizes, weight sizes, stride, padding, dilation, groups)
+    "1d": ((2, 4, 7), (6, 4, 3), [1], [1], [1], 1),
+    "2d": ((2, 4, 5, 6), (6, 2, 3, 2), [2, 1], [1, 0], [1, 2], 2),
+    "3d": ((1, 2, 3, 3, 3), (2, 2, 2, 2, 2), [1], [1], [1], 1),
+    "2d_unbatched": ((4, 5, 5), (6, 4, 3, 3), [1], [1], [1], 1),
+}
+
+
+def conv_other_sizes(form, out_sizes, spatial):
+    if form == "per_channel":
+        return (out_sizes[-spatial - 1],) + (1,) * spatial
+    if form == "scalar_like":
+        return (1,)
+    return tuple(out_sizes)
+
+
+@pytest.mark.parametrize("other", ["per_channel", "scalar_like", "full"])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no_bias"])
+@pytest.mark.parametrize("case", list(CONV_CASES))
+def test_conv_relu_add_gradcheck(case, bias, other):
+    xs, ws, stride, padding, dilation, groups = CONV_CASES[case]
+    x = signed(*xs, requires_grad=True)
+    w = signed(*ws, requires_grad=True)
+    out_sizes = conv_relu_add_ref(x, w, None, stride, padding, dilation, groups, 0).shape
+    o = signed(*conv_other_sizes(other, out_sizes, len(ws) - 2), requires_grad=True)
+    args = (stride, padding, dilation, groups)
+    if bias:
+        b = signed(ws[0], requires_grad=True)
+        gradcheck(lambda x, w, b, o: ops.custom_conv_relu_add(x, w, b, *args, o, 0.5), (x, w, b, o))
+    else:
+        gradcheck(lambda x, w, o: ops.custom_conv_relu_add(x, w, None, *args, o), (x, w, o))
+
+
+BN_OTHERS = {"per_channel": (3, 1, 1), "scalar_like": (1,), "full": (2, 3, 4, 2)}
+
+
+def bn_call(mode, x, w, b, rm, rv, o, divisor=-1.5, momentum=0.1, eps=1e-5):
+    if mode == "eval_op":
+        return ops.custom_batch_norm_add_div_swish_eval(x, w, b, rm, rv, eps, o, divisor)
+    # The stats are cloned: gradcheck calls this many times.
+    return ops.custom_batch_norm_add_div_swish(
+        x, w, b, rm.clone(), rv.clone(), mode == "train", momentum, eps, o, divisor
+    )
+
+
+@pytest.mark.parametrize("other", list(BN_OTHERS))
+@pytest.mark.parametrize("affine", ["weight_bias", "weight", "none"])
+@pytest.mark.parametrize("mode", ["train", "eval", "eval_op"])
+def test_batch_norm_add_div_swish_gradcheck(mode, affine, other):
+    x = signed(2, 3, 4, 2, requires_grad=True)
+    o = signed(*BN_OTHERS[other], requires_grad=True)
+    rm, rv = signed(3), positive(3)
+    if affine == "weight_bias":
+        w, b = signed(3, requires_grad=True), signed(3, requires_grad=True)
+        gradcheck(lambda x, w, b, o: bn_call(mode, x, w, b, rm, rv, o), (x, w, b, o))
+    elif affine == "weight":
+        w = signed(3, requires_grad=True)
+        gradcheck(lambda x, w, o: bn_call(mode, x, w, None, rm, rv, o), (x, w, o))
+    else:
+        gradcheck(lambda x, o: bn_call(mode, x, None, None, rm, rv, o), (x, o))
+
+
+def test_batch_norm_add_div_swish_gradcheck_2d_input():
+    x = signed(5, 3, requires_grad=True)
+    w, b, o = signed(3, requires_grad=True), signed(3, requires_grad=True), signed(3, requires_grad=True)
+    rm, rv = signed(3), positive(3)
+    for mode in ("train", "eval", "eval_op"):
+        gradcheck(lambda x, w, b, o: bn_call(mode, x, w, b, rm, rv, o, divisor=2), (x, w, b, o))
+
+
+def test_relu_gradcheck():
+    x = signed(4, 5, requires_grad=True)
+    gradcheck(ops.custom_relu, (x,))
+
+
+# -------------------------------------------------------------------- opcheck
+
+
+def opcheck_samples():
+    """(name, op, args) for each public op; tensors require grad where
+    differentiable, so test_autograd_registration sees the Autograd kernel."""
+    g = dict(requires_grad=True, dtype=torch.float32)
+    return [
+        ("linear_add_relu", ops.custom_linear_add_relu,
+         (signed(3, 4, **g), signed(5, 4, **g), signed(5, **g), signed(3, 5, **g), 1)),
+        ("linear_add_relu_no_bias", ops.custom_linear_add_relu,
+         (signed(3, 4, **g), signed(5, 4, **g), None, signed(5, **g), 0.5)),
+        ("conv_relu_add", ops.custom_conv_relu_add,
+         (signed(2, 4, 5, 5, **g), signed(6, 4, 3, 3, **g), signed(6, **g), [1], [1], [1], 1,
+          signed(6, 1, 1, **g), 1)),
+        ("conv_relu_add_no_bias_1d", ops.custom_conv_relu_add,
+         (signed(2, 4, 7, **g), signed(6, 2, 3, **g), None, [2], [0], [1], 2, signed(1, **g), 2)),
+        ("batch_norm_add_div_swish_train", ops.custom_batch_norm_add_div_swish,
+         (signed(4, 3, 2, **g), signed(3, **g), signed(3, **g), signed(3, dtype=torch.float32),
+          positive(3, dtype=torch.float32), True, 0.1, 1e-5, signed(3, 1, **g), 2.0)),
+        ("batch_norm_add_div_swish_eval_mode", ops.custom_batch_norm_add_div_swish,
+         (signed(4, 3, 2, **g), signed(3, **g), None, signed(3, dtype=torch.float32),
+          positive(3, dtype=torch.float32), False, 0.1, 1e-5, signed(1, **g), -2.0)),
+        ("batch_norm_add_div_swish_eval", ops.custom_batch_norm_add_div_swish_eval,
+         (signed(4, 3, 2, **g), signed(3, **g), signed(3, **g), signed(3, dtype=torch.float32),
+          positive(3, dtype=torch.float32), 1e-5, signed(4, 3, 2, **g), 2.0)),
+        ("relu", ops.custom_relu, (signed(4, 5, **g),)),
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(opcheck_samples())),
+                         ids=[s[0] for s in opcheck_samples()])
+def test_opcheck(index):
+    torch.manual_seed(index)
+    _, op, args = opcheck_samples()[index]
+    torch.library.opcheck(op, args)
+
+
+# ------------------------------------------------- TorchScript and save/load
+
+
+class Fused(torch.nn.Module):
+    """Calls every public op once; the BN stats are buffers, as in nn.BatchNorm."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin_w = torch.nn.Parameter(signed(6, 4, dtype=torch.float32))
+        self.lin_b = torch.nn.Parameter(signed(6, dtype=torch.float32))
+        self.conv_w = torch.nn.Parameter(signed(3, 1, 3, 3, dtype=torch.float32))
+        self.bn_w = torch.nn.Parameter(signed(3, dtype=torch.float32))
+        self.register_buffer("running_mean", torch.zeros(3))
+        self.register_buffer("running_var", torch.ones(3))
+
+    def forward(self, x):
+        y = ops.custom_linear_add_relu(x, self.lin_w, self.lin_b, x[:, :1].expand(-1, 6), 1)
+        z = ops.custom_conv_relu_add(
+            y.view(-1, 1, 2, 3), self.conv_w, None,
+            [1], [1], [1], 1, torch.ones(1), 0.5)
+        s = ops.custom_batch_norm_add_div_swish(
+            z, self.bn_w, None, self.running_mean, self.running_var, self.training,
+            0.1, 1e-5, z, 2.0)
+        e = ops.custom_batch_norm_add_div_swish_eval(
+            z, None, None, self.running_mean, self.running_var, 1e-5, s, 3.0)
+        return ops.custom_relu(e - 0.1)
+
+
+def test_scripted_function_calls_the_ops():
+    @torch.jit.script
+    def f(x, w, b, other):
+        return torch.ops.torchfuse.custom_relu(
+            torch.ops.torchfuse.custom_linear_add_relu(x, w, b, other, 2) - 1.0)
+
+    x, w, b, o = signed(3, 4), signed(5, 4), signed(5), signed(5)
+    assert "torchfuse::custom_linear_add_relu" in str(f.graph)
+    torch.testing.assert_close(f(x, w, b, o), torch.relu(linear_add_relu_ref(x, w, b, o, 2) - 1))
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_script_save_load_round_trip(tmp_path, training):
+    module = Fused().train(training)
+    # NB: scripting shares the module's tensors; each copy here runs one step
+    # from the same state.
+    scripted = torch.jit.script(copy.deepcopy(module))
+    path = tmp_path / "fused.pt"
+    torch.jit.save(scripted, str(path))
+    loaded = torch.jit.load(str(path))
+    assert "ops.torchfuse.custom_batch_norm_add_div_swish(" in loaded.code
+    assert "ops.torchfuse.custom_batch_norm_add_div_swish_eval(" in loaded.code
+    x = signed(2, 4, dtype=torch.float32)
+    initial_mean = module.running_mean.clone()
+    expected = module(x)
+    scripted_out = scripted(x)
+    loaded_out = loaded(x)
+    torch.testing.assert_close(scripted_out, expected)
+    torch.testing.assert_close(loaded_out, expected)
+    for copy_ in (scripted, loaded):
+        torch.testing.assert_close(copy_.running_mean, module.running_mean)
+        torch.testing.assert_close(copy_.running_var, module.running_var)
+    assert torch.equal(module.running_mean, initial_mean) != training
+    # gradients flow through the loaded graph as through the eager module.
+    loaded_out.sum().backward()
+    expected.sum().backward()
+    for name in ("lin_w", "lin_b", "conv_w", "bn_w"):
+        torch.testing.assert_close(getattr(loaded, name).grad, getattr(module, name).grad)
+
+
+# ------------------------------------------------------------- no-grad path
+
+
+def no_grad_cases():
+    rm, rv = signed(3), positive(3)
+    return {
+        "linear_add_relu": (ops.custom_linear_add_relu, linear_add_relu_ref,
+                            (signed(3, 4), signed(5, 4), signed(5), signed(3, 5), 1)),
+        "conv_relu_add": (ops.custom_conv_relu_add, conv_relu_add_ref,
+                          (signed(2, 4, 5, 5), signed(6, 4, 3, 3), None, [1], [1], [1], 1,
+                           signed(6, 1, 1), 1)),
+        "batch_norm_add_div_swish": (
+            ops.custom_batch_norm_add_div_swish, bn_swish_ref,
+            (signed(4, 3, 2), signed(3), signed(3), rm, rv, True, 0.1, 1e-5, signed(3, 1), 2.0)),
+        "batch_norm_add_div_swish_eval": (
+            ops.custom_batch_norm_add_div_swish_eval,
+            lambda x, w, b, rm, rv, eps, o, d: bn_swish_ref(x, w, b, rm, rv, False, 0.0, eps, o, d),
+            (signed(4, 3, 2), signed(3), None, rm, rv, 1e-5, signed(4, 3, 2), -2.0)),
+        "relu": (ops.custom_relu, torch.relu, (signed(4, 5),)),
+    }
+
+
+@pytest.mark.parametrize("name", list(no_grad_cases()))
+def test_no_grad_gives_the_same_output(name):
+    op, ref, args = no_grad_cases()[name]
+    grad_args = [a.clone().requires_grad_(a.is_floating_point() and a.dim() > 0 and i < 3)
+                 if isinstance(a, torch.Tensor) else a for i, a in enumerate(args)]
+    with_grad = op(*[a.clone() if isinstance(a, torch.Tensor) else a for a in grad_args])
+    assert with_grad.requires_grad
+    with torch.no_grad():
+        without = op(*[a.clone() if isinstance(a, torch.Tensor) else a for a in grad_args])
+        expected = ref(*[a.clone() if isinstance(a, torch.Tensor) else a for a in args])
+    assert not without.requires_grad
+    torch.testing.assert_close(without, with_grad.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(without, expected)
+
+
+def test_inference_mode_gives_the_same_output():
+    x, w, o = signed(3, 4), signed(5, 4), signed(5)
+    with torch.inference_mode():
+        out = ops.custom_linear_add_relu(x, w, None, o)
+    torch.testing.assert_close(out, linear_add_relu_ref(x, w, None, o))
+
+
+# ------------------------------------------------------ batch-norm statistics
+
+
+@pytest.mark.parametrize("momentum", [0.1, 0.5, 1.0, 0.0])
+def test_running_stats_follow_f_batch_norm_over_three_steps(momentum):
+    rm, rv = signed(3), positive(3)
+    rm_ref, rv_ref = rm.clone(), rv.clone()
+    initial = rm.clone()
+    w, b = signed(3, requires_grad=True), signed(3, requires_grad=True)
+    for step in range(3):
+        x = signed(4, 3, 5) * (step + 1) + step
+        o = signed(3, 1)
+        out = ops.custom_batch_norm_add_div_swish(x, w, b, rm, rv, True, momentum, 1e-5, o, 2.0)
+        expected = bn_swish_ref(x, w, b, rm_ref, rv_ref, True, momentum, 1e-5, o, 2.0)
+        torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(rm, rm_ref)
+    torch.testing.assert_close(rv, rv_ref)
+    assert torch.equal(rm, initial) == (momentum == 0.0)
+
+
+def test_eval_leaves_running_stats_alone():
+    rm, rv = signed(3), positive(3)
+    before = rm.clone(), rv.clone()
+    x, o = signed(4, 3, 2, requires_grad=True), signed(1)
+    ops.custom_batch_norm_add_div_swish(x, None, None, rm, rv, False, 0.1, 1e-5, o, 2.0)
+    ops.custom_batch_norm_add_div_swish_eval(x, None, None, rm, rv, 1e-5, o, 2.0)
+    assert torch.equal(rm, before[0]) and torch.equal(rv, before[1])
+
+
+def test_double_backward_is_refused():
+    x = signed(3, 4, requires_grad=True)
+    w = signed(5, 4, requires_grad=True)
+    out = ops.custom_linear_add_relu(x, w, None, signed(5))
+    with pytest.raises(RuntimeError, match="custom_linear_add_relu: double backward is not supported"):
+        torch.autograd.grad(out.sum(), x, create_graph=True)
+    # the plain backward still works.
+    (g,) = torch.autograd.grad(out.sum(), x)
+    assert g.shape == x.shape
