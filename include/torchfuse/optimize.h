@@ -31,7 +31,9 @@ struct FusionReport {
   int64_t conv_relu_add = 0;
   int64_t batch_norm_add_div_swish = 0;
   int64_t relu = 0;
-  int64_t nodes_before = 0;  // nodes of forward, blocks included, after inlining
+  // Nodes of forward, blocks included: after inlining (before the fusions)
+  // and at the end.  report() sets both to the current count.
+  int64_t nodes_before = 0;
   int64_t nodes_after = 0;
 };
 

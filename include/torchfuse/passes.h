@@ -13,6 +13,10 @@
 
 namespace torchfuse::passes {
 
+// Normalizes graphs for the fusions: traced aten::_convolution -> conv{1,2,3}d,
+// add_/relu_ on fresh unaliased tensors -> add/relu.
+TORCHFUSE_API void Canonicalize(std::shared_ptr<torch::jit::Graph>& graph);
+
 // linear -> add -> relu  =>  torchfuse::custom_linear_add_relu
 TORCHFUSE_API int64_t FuseLinearAddRelu(std::shared_ptr<torch::jit::Graph>& graph);
 // conv{1,2,3}d -> relu -> add  =>  torchfuse::custom_conv_relu_add

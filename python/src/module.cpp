@@ -1,10 +1,20 @@
-// torchfuse._C: the thin Python layer over libtorchfuse_ops.  Importing it
-// loads the ops library, which registers torch.ops.torchfuse.
+// torchfuse._C: the thin Python layer over libtorchfuse_ops and
+// libtorchfuse_passes.  Importing it loads both libraries, which registers
+// torch.ops.torchfuse.
+//
+// NB: torch::jit::Module (torch._C.ScriptModule) and
+// std::shared_ptr<torch::jit::Graph> (torch._C.Graph) cross the boundary
+// through torch's own pybind11 type registrations, which this module shares.
 
 #include <dlfcn.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
 #include "torchfuse/ops.h"
+#include "torchfuse/optimize.h"
+#include "torchfuse/passes.h"
+
+namespace py = pybind11;
 
 namespace {
 
@@ -17,6 +27,55 @@ std::string opsLibraryPath() {
   return info.dli_fname;
 }
 
+int64_t countNodes(torch::jit::Block* block) {
+  int64_t n = 0;
+  for (auto* node : block->nodes()) {
+    ++n;
+    for (auto* b : node->blocks()) {
+      n += countNodes(b);
+    }
+  }
+  return n;
+}
+
+py::dict reportToDict(const torchfuse::FusionReport& r) {
+  py::dict d;
+  d["linear_add_relu"] = r.linear_add_relu;
+  d["conv_relu_add"] = r.conv_relu_add;
+  d["batch_norm_add_div_swish"] = r.batch_norm_add_div_swish;
+  d["relu"] = r.relu;
+  d["nodes_before"] = r.nodes_before;
+  d["nodes_after"] = r.nodes_after;
+  return d;
+}
+
+py::tuple optimizeModule(
+    const torch::jit::Module& module,
+    bool freeze,
+    const std::vector<std::string>& passes) {
+  torchfuse::OptimizeOptions options;
+  options.freeze = freeze;
+  options.passes = passes;
+  torchfuse::FusionReport report;
+  torch::jit::Module result;
+  {
+    py::gil_scoped_release no_gil;
+    result = torchfuse::optimize(module, options, &report);
+  }
+  return py::make_tuple(result, reportToDict(report));
+}
+
+py::dict fuseGraph(std::shared_ptr<torch::jit::Graph> graph) {
+  torchfuse::FusionReport r;
+  r.nodes_before = countNodes(graph->block());
+  r.conv_relu_add = torchfuse::passes::FuseConvReluAdd(graph);
+  r.linear_add_relu = torchfuse::passes::FuseLinearAddRelu(graph);
+  r.batch_norm_add_div_swish = torchfuse::passes::FuseBatchNormAddDivSwish(graph);
+  r.relu = torchfuse::passes::ReplaceRelu(graph);
+  r.nodes_after = countNodes(graph->block());
+  return reportToDict(r);
+}
+
 } // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -26,4 +85,15 @@ PYBIND11_MODULE(_C, m) {
         "Path of libtorchfuse_ops, for torch.ops.load_library in other processes");
   m.attr("built_with_torch") = TORCHFUSE_TORCH_VERSION;
   m.attr("built_with_cuda") = TORCHFUSE_TORCH_CUDA;
+  m.def("pass_names", &torchfuse::passNames);
+  m.def("optimize", &optimizeModule, py::arg("module"), py::arg("freeze") = false,
+        py::arg("passes") = std::vector<std::string>{},
+        "optimize(torch._C.ScriptModule, freeze, passes) -> (ScriptModule, dict)");
+  m.def("fuse_graph", &fuseGraph, py::arg("graph"),
+        "Runs the fusions and ReplaceRelu on a torch._C.Graph in place");
+  m.def("report",
+        [](const torch::jit::Module& module) {
+          return reportToDict(torchfuse::report(module));
+        },
+        py::arg("module"));
 }

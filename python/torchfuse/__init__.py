@@ -5,6 +5,7 @@ Importing this package loads the ops library, which registers
 """
 
 import os
+from typing import Dict, Iterable, Optional
 
 import torch
 
@@ -47,4 +48,63 @@ def library_path() -> str:
     return _C.ops_library_path()
 
 
-__all__ = ["library_path", "__version__"]
+def pass_names() -> list:
+    """Names accepted by ``optimize(..., passes=[...])``."""
+    return list(_C.pass_names())
+
+
+def _script_module_c(module, what: str):
+    if isinstance(module, torch.jit.ScriptModule):
+        return module._c
+    if isinstance(module, torch._C.ScriptModule):
+        return module
+    raise TypeError(
+        f"torchfuse.{what}: expected a scripted or traced module "
+        f"(torch.jit.ScriptModule), got {type(module).__name__}; "
+        "call torch.jit.script or torch.jit.trace first"
+    )
+
+
+def optimize(
+    module,
+    *,
+    freeze: bool = False,
+    passes: Optional[Iterable[str]] = None,
+) -> torch.jit.ScriptModule:
+    """Returns a new module whose ``forward`` uses the torchfuse ops.
+
+    The input module, and other instances of its class, are left unchanged.
+    With ``freeze=True`` the module (in eval mode) is frozen first, keeping
+    BatchNorm nodes rather than folding them into a preceding layer.
+    ``passes`` selects among :func:`pass_names` (default: all).
+    """
+    c = _script_module_c(module, "optimize")
+    names = list(passes) if passes is not None else []
+    result, _ = _C.optimize(c, freeze, names)
+    return torch.jit._recursive.wrap_cpp_module(result)
+
+
+def fuse_graph(graph: torch._C.Graph) -> Dict[str, int]:
+    """Runs the fusions and the relu replacement on ``graph`` in place and
+    returns how many chains each fused.  The graph should be inlined and
+    constant-propagated, and must not have been executed yet."""
+    if not isinstance(graph, torch._C.Graph):
+        raise TypeError(
+            f"torchfuse.fuse_graph: expected a torch._C.Graph, got {type(graph).__name__}"
+        )
+    return dict(_C.fuse_graph(graph))
+
+
+def report(module) -> Dict[str, int]:
+    """Counts the torchfuse ops in ``module.forward`` (sub-blocks included)."""
+    return dict(_C.report(_script_module_c(module, "report")))
+
+
+__all__ = [
+    "library_path",
+    "optimize",
+    "fuse_graph",
+    "report",
+    "pass_names",
+    "__version__",
+]

@@ -1,0 +1,121 @@
+#pragma once
+
+// Named match conditions shared by the fusion passes.  Each reads as a
+// precondition of a rewrite, returns false when it does not hold, and never
+// throws: a pass that cannot prove a condition leaves the graph unchanged.
+
+#include <torch/csrc/jit/ir/alias_analysis.h>
+#include <torch/csrc/jit/ir/ir.h>
+
+#include <functional>
+#include <initializer_list>
+#include <optional>
+#include <vector>
+
+namespace torchfuse::passes {
+
+using torch::jit::AliasDb;
+using torch::jit::Block;
+using torch::jit::Node;
+using torch::jit::Value;
+
+// ---- node kinds and overloads -------------------------------------------
+
+// NB: kinds alone are not enough: aten::add covers Tensor + Tensor and
+// Tensor + Scalar (`x + 1.0`), aten::div covers div.Tensor, div.Scalar and
+// their rounding_mode forms, aten::conv2d covers the `padding: str` overload.
+// These look at the resolved schema, so nodes without one never match.
+
+// aten::relu(Tensor) or, with allow_inplace, aten::relu_(Tensor(a!)).
+bool isRelu(const Node* n, bool allow_inplace = true);
+// aten::add.Tensor / aten::add_.Tensor with a Tensor `other` and an int or
+// float alpha.
+bool isTensorAdd(const Node* n, bool allow_inplace = true);
+// aten::linear(Tensor input, Tensor weight, Tensor? bias).
+bool isLinear(const Node* n);
+// aten::conv{1,2,3}d with int-list stride/padding/dilation (not .padding).
+bool isIntListConv(const Node* n);
+// aten::batch_norm.
+bool isBatchNorm(const Node* n);
+// aten::div.Scalar whose divisor is an int or float (not a Tensor, no
+// rounding_mode).
+bool isScalarDivisor(const Node* n);
+// aten::sigmoid(Tensor).
+bool isSigmoid(const Node* n);
+// aten::mul.Tensor (out of place).
+bool isTensorMul(const Node* n);
+// aten::silu(Tensor) (out of place).
+bool isSilu(const Node* n);
+
+// ---- values ---------------------------------------------------------------
+
+bool isTensor(const Value* v);
+// The type is Tensor, not Tensor? and not None: e.g. BN running statistics.
+bool isNonOptionalTensor(const Value* v);
+// A constant None, or a value whose type is Tensor / Tensor? (linear and
+// conv bias, BN weight and bias).
+bool isOptionalTensorArg(const Value* v);
+// A constant int or float equal to 1.
+bool alphaIsOne(const Value* alpha);
+// The divisor is not a constant zero (the fused op rejects zero; eager
+// would produce inf/nan, so we keep the eager composition).
+bool divisorIsNonZero(const Value* divisor);
+// Constant bool, if the value is one.
+std::optional<bool> constantBool(const Value* v);
+
+// ---- graph structure --------------------------------------------------------
+
+// The value's only use is `user` (a returned value is also used by the
+// block's return node, so returned intermediates fail this).
+bool hasSingleUse(const Value* v, const Node* user);
+// All nodes sit in one block (a match never spans blocks).
+bool inSameBlock(std::initializer_list<const Node*> nodes);
+// An in-place chain node writes only a fresh intermediate of the chain:
+// for n = aten::op_(self, ...), self must be `fresh` (the output of the
+// previous chain node) and n must be its only user.  Out-of-place nodes
+// pass.
+bool notInPlaceOnLiveTensor(const Node* n, const Value* fresh);
+// No node strictly between `first` and `last` (same block; nested blocks
+// included) writes to anything that may alias `values`.  The fused node
+// runs at `last`'s position, so the chain's reads move down to there.
+bool noInterveningWrites(
+    const AliasDb& db,
+    Node* first,
+    Node* last,
+    const std::vector<Value*>& values);
+// No node strictly between `first` and `last` reads or writes anything that
+// may alias `values`: a training batch_norm writes its running statistics,
+// and the fused node moves that write down to `last`.
+// The chain's own nodes (`chain`) are exempt.
+bool noInterveningAccess(
+    const AliasDb& db,
+    Node* first,
+    Node* last,
+    const std::vector<Value*>& values,
+    const std::vector<Node*>& chain);
+// `v` is a fresh tensor only `user` reads: produced by a plain node (no
+// blocks, no side effects, not a graph input, constant or attribute) whose
+// inputs cannot alias it, and used once.  Writing it in place is then not
+// observable, so `user` may be made functional.
+bool isFreshUnaliasedTensor(const AliasDb& db, Value* v, const Node* user);
+
+// ---- rewriting --------------------------------------------------------------
+
+// Inserts `op(inputs)` right before `last`, with last's source range and
+// output type, and redirects last's uses to it.  Returns nullptr, leaving the
+// graph unchanged, if the inputs do not resolve to a registered schema.
+// The caller then destroys the chain, last first.
+Node* replaceWithFusedOp(
+    torch::jit::Graph& graph,
+    const char* op,
+    const std::vector<Value*>& inputs,
+    Node* last);
+
+// ---- walking ----------------------------------------------------------------
+
+// Calls fn on every node of `block` and, depth first, of its sub-blocks.
+void forEachNode(Block* block, const std::function<void(Node*)>& fn);
+// Counts nodes the same way.
+int64_t countNodes(Block* block);
+
+} // namespace torchfuse::passes

@@ -1,0 +1,179 @@
+#include "test/cpp/passes/pass_test_utils.h"
+#include "torchfuse/passes.h"
+
+namespace torchfuse::passes {
+namespace {
+
+using testing::expectClose;
+using testing::expectUnchanged;
+using testing::parse;
+using testing::runGraph;
+using torch::jit::testing::FileCheck;
+
+int64_t run(std::shared_ptr<torch::jit::Graph>& g) {
+  return FuseConvReluAdd(g);
+}
+
+// A conv2d -> relu -> add chain; CONV, RELU, ADD, BIAS, PAD and the add's
+// operands are substituted per test.
+std::string chain(
+    const std::string& conv = "aten::conv2d",
+    const std::string& relu = "aten::relu",
+    const std::string& add = "aten::add(%r, %other, %one)",
+    const std::string& ret = "%o") {
+  return R"IR(
+graph(%x : Tensor, %w : Tensor, %b : Tensor, %other : Tensor):
+  %one : int = prim::Constant[value=1]()
+  %two : int = prim::Constant[value=2]()
+  %none : NoneType = prim::Constant()
+  %l : int[] = prim::ListConstruct(%one, %one)
+  %c : Tensor = )IR" + conv + R"IR((%x, %w, %b, %l, %l, %l, %one)
+  %r : Tensor = )IR" + relu + R"IR((%c)
+  %o : Tensor = )IR" + add + R"IR(
+  return ()IR" + ret + ")";
+}
+
+void expectFused(const std::string& ir) {
+  auto graph = parse(ir);
+  EXPECT_EQ(FuseConvReluAdd(graph), 1);
+  graph->lint();
+  FileCheck().check("torchfuse::custom_conv_relu_add")->check_not("aten::conv")
+      ->check_not("aten::relu")->check_not("aten::add")->run(*graph);
+}
+
+TEST(FuseConvReluAdd, FusesConv2d) {
+  expectFused(chain());
+}
+
+TEST(FuseConvReluAdd, FusesConv1dAndConv3d) {
+  for (const char* conv : {"aten::conv1d", "aten::conv3d"}) {
+    expectFused(chain(conv));
+  }
+}
+
+TEST(FuseConvReluAdd, MatchesTheUnfusedGraphNumerically) {
+  auto graph = parse(chain());
+  auto fused = graph->copy();
+  ASSERT_EQ(FuseConvReluAdd(fused), 1);
+  torch::manual_seed(0);
+  for (auto dtype : {at::kFloat, at::kDouble}) {
+    auto o = at::TensorOptions().dtype(dtype);
+    std::vector<at::IValue> in = {
+        at::randn({2, 3, 6, 6}, o), at::randn({4, 3, 3, 3}, o), at::randn({4}, o),
+        at::randn({4, 1, 1}, o)};
+    expectClose(runGraph(fused, in)[0].toTensor(), runGraph(graph, in)[0].toTensor());
+  }
+}
+
+TEST(FuseConvReluAdd, FusesReluAsSecondOperandWhenAlphaIsOne) {
+  expectFused(chain("aten::conv2d", "aten::relu", "aten::add(%other, %r, %one)"));
+}
+
+TEST(FuseConvReluAdd, PassesAlphaThatScalesOther) {
+  auto graph = parse(chain("aten::conv2d", "aten::relu", "aten::add(%r, %other, %two)"));
+  EXPECT_EQ(FuseConvReluAdd(graph), 1);
+  FileCheck().check("torchfuse::custom_conv_relu_add(%x, %w, %b, ")->check(", %other, ")
+      ->run(*graph);
+}
+
+TEST(FuseConvReluAdd, FusesInPlaceReluAndAddOnFreshIntermediates) {
+  expectFused(chain("aten::conv2d", "aten::relu_", "aten::add_(%r, %other, %one)"));
+}
+
+TEST(FuseConvReluAdd, RecursesIntoIfAndLoopBodies) {
+  auto graph = parse(R"IR(
+graph(%c : bool, %n : int, %x : Tensor, %w : Tensor, %b : Tensor):
+  %one : int = prim::Constant[value=1]()
+  %true : bool = prim::Constant[value=1]()
+  %l : int[] = prim::ListConstruct(%one, %one)
+  %out : Tensor = prim::If(%c)
+    block0():
+      %y : Tensor = aten::conv2d(%x, %w, %b, %l, %l, %l, %one)
+      %r : Tensor = aten::relu(%y)
+      %o : Tensor = aten::add(%r, %x, %one)
+      -> (%o)
+    block1():
+      %lo : Tensor = prim::Loop(%n, %true, %x)
+        block0(%i : int, %h : Tensor):
+          %y2 : Tensor = aten::conv2d(%h, %w, %b, %l, %l, %l, %one)
+          %r2 : Tensor = aten::relu(%y2)
+          %o2 : Tensor = aten::add(%r2, %h, %one)
+          -> (%true, %o2)
+      -> (%lo)
+  return (%out))IR");
+  EXPECT_EQ(FuseConvReluAdd(graph), 2);
+  graph->lint();
+  FileCheck().check("prim::If")->check("torchfuse::custom_conv_relu_add")
+      ->check("prim::Loop")->check("torchfuse::custom_conv_relu_add")
+      ->check_not("aten::conv2d")->run(*graph);
+}
+
+// ---- one negative test per filter ----
+
+TEST(FuseConvReluAdd, SkipsStringPaddingOverload) {  // isIntListConv
+  expectUnchanged(R"IR(
+graph(%x : Tensor, %w : Tensor, %b : Tensor, %other : Tensor):
+  %one : int = prim::Constant[value=1]()
+  %same : str = prim::Constant[value="same"]()
+  %l : int[] = prim::ListConstruct(%one, %one)
+  %c : Tensor = aten::conv2d(%x, %w, %b, %l, %same, %l, %one)
+  %r : Tensor = aten::relu(%c)
+  %o : Tensor = aten::add(%r, %other, %one)
+  return (%o))IR", run);
+}
+
+TEST(FuseConvReluAdd, SkipsScalarAdd) {  // isTensorAdd
+  expectUnchanged(R"IR(
+graph(%x : Tensor, %w : Tensor, %b : Tensor):
+  %one : int = prim::Constant[value=1]()
+  %f : float = prim::Constant[value=0.5]()
+  %l : int[] = prim::ListConstruct(%one, %one)
+  %c : Tensor = aten::conv2d(%x, %w, %b, %l, %l, %l, %one)
+  %r : Tensor = aten::relu(%c)
+  %o : Tensor = aten::add(%r, %f, %one)
+  return (%o))IR", run);
+}
+
+TEST(FuseConvReluAdd, SkipsReturnedIntermediates) {  // hasSingleUse
+  expectUnchanged(chain("aten::conv2d", "aten::relu", "aten::add(%r, %other, %one)", "%o, %r"), run);
+  expectUnchanged(chain("aten::conv2d", "aten::relu", "aten::add(%r, %other, %one)", "%o, %c"), run);
+}
+
+TEST(FuseConvReluAdd, SkipsWhenAlphaScalesTheReluOutput) {  // alphaIsOne
+  expectUnchanged(chain("aten::conv2d", "aten::relu", "aten::add(%other, %r, %two)"), run);
+}
+
+TEST(FuseConvReluAdd, LeavesInPlaceAddOnLiveTensor) {  // notInPlaceOnLiveTensor
+  expectUnchanged(chain("aten::conv2d", "aten::relu", "aten::add_(%other, %r, %one)"), run);
+}
+
+TEST(FuseConvReluAdd, SkipsChainsSpanningBlocks) {  // inSameBlock
+  expectUnchanged(R"IR(
+graph(%c : bool, %x : Tensor, %w : Tensor, %b : Tensor):
+  %one : int = prim::Constant[value=1]()
+  %l : int[] = prim::ListConstruct(%one, %one)
+  %y : Tensor = aten::conv2d(%x, %w, %b, %l, %l, %l, %one)
+  %r : Tensor = aten::relu(%y)
+  %out : Tensor = prim::If(%c)
+    block0():
+      %o : Tensor = aten::add(%r, %x, %one)
+      -> (%o)
+    block1():
+      -> (%x)
+  return (%out))IR", run);
+}
+
+TEST(FuseConvReluAdd, SkipsWhenAnInputIsWrittenInBetween) {  // noInterveningWrites
+  expectUnchanged(R"IR(
+graph(%x : Tensor, %w : Tensor, %b : Tensor, %other : Tensor):
+  %one : int = prim::Constant[value=1]()
+  %l : int[] = prim::ListConstruct(%one, %one)
+  %c : Tensor = aten::conv2d(%x, %w, %b, %l, %l, %l, %one)
+  %z : Tensor = aten::mul_(%x, %one)
+  %r : Tensor = aten::relu(%c)
+  %o : Tensor = aten::add(%r, %other, %one)
+  return (%o))IR", run);
+}
+
+} // namespace
+} // namespace torchfuse::passes
