@@ -243,7 +243,7 @@ def chart(data: dict, png: str) -> bool:
         ax.bar(xs, [v if v else 0 for v in vals], width, label=name)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(sp)))
-    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_xticklabels(labels, fontsize=7, rotation=30, ha="right")
     ax.set_ylabel("speedup of torchfuse (×)")
     title = f"torchfuse speedups, {data.get('gpu')}, torch {data.get('torch')}, {data.get('commit')}"
     if data.get("dry_run"):
