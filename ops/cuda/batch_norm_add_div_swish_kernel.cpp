@@ -1,21 +1,390 @@
-// NB: until the fused kernels land, CUDA runs the reference composition, so
-// fused graphs already run on GPUs.
+// CUDA kernels of custom_batch_norm_add_div_swish (kernels/elementwise/
+// batch_norm_add_div_swish.cu) for the common case:
+//   - input contiguous (N, C) or (N, C, *), float32 / float16 / bfloat16;
+//   - weight, bias (optional), running_mean and running_var sharing one dtype,
+//     float32 or the input's (as native batch_norm requires);
+//   - other with one element, or C elements along input's dim 1, and not
+//     changing the result's dtype or shape;
+//   - a real divisor.
+// Everything else (channels-last or other strided inputs, float64, a full-size
+// or otherwise broadcast `other`, empty inputs) runs the reference composition,
+// which is correct for all of them.  The fallback is silent, as custom_relu's:
+// a warning would turn into an error under `-W error`.
+
+#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include "kernels/elementwise/batch_norm_add_div_swish.cuh"
 #include "ops/batch_norm_add_div_swish.h"
+#include "ops/cuda/cuda_types.h"
+
+namespace torchfuse::ops {
+namespace {
+
+namespace k = torchfuse::kernels;
+using OptTensor = std::optional<at::Tensor>;
+
+#define TORCHFUSE_DISPATCH_BN_TYPES(TYPE, NAME, ...)  \
+  AT_DISPATCH_SWITCH(                                 \
+      TYPE, NAME,                                     \
+      AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__)       \
+      AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__)        \
+      AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
+
+std::optional<k::BnDtype> bnDtype(at::ScalarType s) {
+  switch (s) {
+    case at::kFloat:
+      return k::BnDtype::kFloat;
+    case at::kHalf:
+      return k::BnDtype::kHalf;
+    case at::kBFloat16:
+      return k::BnDtype::kBFloat16;
+    case at::kDouble:
+      return k::BnDtype::kDouble;
+    default:
+      return std::nullopt;
+  }
+}
+
+bool defined(const OptTensor& t) {
+  return t.has_value() && t->defined();
+}
+
+bool isKernelInput(const at::Tensor& input) {
+  const auto s = input.scalar_type();
+  return input.is_cuda() && input.dim() >= 2 && input.numel() > 0 &&
+      (s == at::kFloat || s == at::kHalf || s == at::kBFloat16) &&
+      input.is_contiguous();
+}
+
+k::BnShape shapeOf(const at::Tensor& input) {
+  k::BnShape s;
+  s.n = input.size(0);
+  s.c = input.size(1);
+  s.l = input.numel() / (s.n * s.c);
+  return s;
+}
+
+// A 1-D tensor of C elements (any stride) on input's device.
+std::optional<k::BnChannelRef> channelRef(const at::Tensor& t, const at::Tensor& input) {
+  const auto dt = bnDtype(t.scalar_type());
+  if (!dt || t.dim() != 1 || t.size(0) != input.size(1) ||
+      t.device() != input.device()) {
+    return std::nullopt;
+  }
+  return k::BnChannelRef{t.const_data_ptr(), *dt, t.stride(0)};
+}
+
+std::optional<k::BnChannelRef> optionalChannelRef(const OptTensor& t, const at::Tensor& input) {
+  if (!defined(t)) {
+    return k::BnChannelRef{};  // absent
+  }
+  return channelRef(*t, input);
+}
+
+// `other` with one element, or with C elements on the dimension that lines
+// up with input's dim 1; in both cases `input + other` has input's shape.
+std::optional<k::BnChannelRef> otherRef(const at::Tensor& other, const at::Tensor& input) {
+  const auto dt = bnDtype(other.scalar_type());
+  if (!dt || other.device() != input.device() || other.dim() > input.dim()) {
+    return std::nullopt;
+  }
+  if (other.numel() == 1) {
+    return k::BnChannelRef{other.const_data_ptr(), *dt, 0};
+  }
+  const int64_t j = other.dim() - (input.dim() - 1);
+  if (other.numel() != input.size(1) || j < 0 || other.size(j) != input.size(1)) {
+    return std::nullopt;
+  }
+  return k::BnChannelRef{other.const_data_ptr(), *dt, other.stride(j)};
+}
+
+std::optional<double> realDivisor(const at::Scalar& divisor) {
+  if (divisor.isFloatingPoint() || divisor.isIntegral(/*includeBool=*/false)) {
+    return divisor.toDouble();
+  }
+  return std::nullopt;
+}
+
+// The kernels' view of a forward call, or nullopt for the composite.
+struct ForwardPlan {
+  k::BnShape shape;
+  k::BnAffine affine;
+  k::BnChannelRef running_mean;
+  k::BnChannelRef running_var;
+};
+
+std::optional<ForwardPlan> forwardPlan(
+    const at::Tensor& input,
+    const OptTensor& weight,
+    const OptTensor& bias,
+    const at::Tensor& running_mean,
+    const at::Tensor& running_var,
+    bool training,
+    const at::Tensor& other,
+    const at::Scalar& divisor) {
+  if (!isKernelInput(input)) {
+    return std::nullopt;
+  }
+  // NB: the parameters share one dtype, float32 or the input's, as native
+  // batch_norm requires; other mixes make the composite raise its error.
+  const auto p = running_mean.scalar_type();
+  if (p != at::kFloat && p != input.scalar_type()) {
+    return std::nullopt;
+  }
+  for (const at::Tensor* t : {&running_var, defined(weight) ? &*weight : nullptr,
+                              defined(bias) ? &*bias : nullptr}) {
+    if (t != nullptr && t->scalar_type() != p) {
+      return std::nullopt;
+    }
+  }
+  // Training writes the running statistics in place: contiguous only.
+  if (training && (!running_mean.is_contiguous() || !running_var.is_contiguous())) {
+    return std::nullopt;
+  }
+  // The composite's result dtype is result_type(input, other).
+  if (at::result_type(input, other) != input.scalar_type()) {
+    return std::nullopt;
+  }
+  const auto w = optionalChannelRef(weight, input);
+  const auto b = optionalChannelRef(bias, input);
+  const auto rm = channelRef(running_mean, input);
+  const auto rv = channelRef(running_var, input);
+  const auto s = otherRef(other, input);
+  const auto d = realDivisor(divisor);
+  if (!w || !b || !rm || !rv || !s || !d) {
+    return std::nullopt;
+  }
+  ForwardPlan plan;
+  plan.shape = shapeOf(input);
+  plan.affine = k::BnAffine{*w, *b, *s, *d};
+  plan.running_mean = *rm;
+  plan.running_var = *rv;
+  return plan;
+}
+
+int numSms() {
+  return at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+}
+
+at::Tensor workspace(const at::Tensor& input, const k::BnShape& shape, int sms) {
+  return at::empty(
+      {k::batchNormSwishWorkspaceFloats(shape, static_cast<int>(input.element_size()), sms)},
+      input.options().dtype(at::kFloat));
+}
+
+k::BnChannelMut mutRef(const at::Tensor& t) {
+  return k::BnChannelMut{t.data_ptr(), *bnDtype(t.scalar_type())};
+}
+
+// Training: returns out and fills save_mean / save_invstd when defined.
+at::Tensor trainForwardCuda(
+    const ForwardPlan& plan,
+    const at::Tensor& input,
+    at::Tensor& running_mean,
+    at::Tensor& running_var,
+    double momentum,
+    double eps,
+    const at::Tensor& save_mean,
+    const at::Tensor& save_invstd) {
+  c10::cuda::CUDAGuard guard(input.device());
+  const int sms = numSms();
+  auto out = at::empty(input.sizes(), input.options());
+  auto ws = workspace(input, plan.shape, sms);
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  TORCHFUSE_DISPATCH_BN_TYPES(input.scalar_type(), "custom_batch_norm_add_div_swish", [&] {
+    k::batchNormSwishTrainForward(
+        cudaPtr<scalar_t>(input), cudaPtr<scalar_t>(out), plan.shape, plan.affine,
+        mutRef(running_mean), mutRef(running_var), momentum, eps,
+        save_mean.defined() ? save_mean.data_ptr<float>() : nullptr,
+        save_invstd.defined() ? save_invstd.data_ptr<float>() : nullptr,
+        ws.data_ptr<float>(), sms, stream);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+at::Tensor evalForwardCuda(const ForwardPlan& plan, const at::Tensor& input, double eps) {
+  c10::cuda::CUDAGuard guard(input.device());
+  const int sms = numSms();
+  auto out = at::empty(input.sizes(), input.options());
+  auto ws = workspace(input, plan.shape, sms);
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  TORCHFUSE_DISPATCH_BN_TYPES(input.scalar_type(), "custom_batch_norm_add_div_swish_eval", [&] {
+    k::batchNormSwishEvalForward(
+        cudaPtr<scalar_t>(input), cudaPtr<scalar_t>(out), plan.shape, plan.affine,
+        plan.running_mean, plan.running_var, eps, ws.data_ptr<float>(), sms, stream);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+at::Tensor batchNormAddDivSwishCuda(
+    const at::Tensor& input,
+    const OptTensor& weight,
+    const OptTensor& bias,
+    at::Tensor& running_mean,
+    at::Tensor& running_var,
+    bool training,
+    double momentum,
+    double eps,
+    const at::Tensor& other,
+    const at::Scalar& divisor) {
+  checkBatchNormAddDivSwishInputs(
+      input, weight, bias, running_mean, running_var, other, divisor);
+  const auto plan = forwardPlan(
+      input, weight, bias, running_mean, running_var, training, other, divisor);
+  if (!plan) {
+    return batchNormAddDivSwishComposite(
+        input, weight, bias, running_mean, running_var, training, momentum, eps,
+        other, divisor);
+  }
+  if (training) {
+    return trainForwardCuda(
+        *plan, input, running_mean, running_var, momentum, eps, at::Tensor(),
+        at::Tensor());
+  }
+  return evalForwardCuda(*plan, input, eps);
+}
+
+at::Tensor batchNormAddDivSwishEvalCuda(
+    const at::Tensor& input,
+    const OptTensor& weight,
+    const OptTensor& bias,
+    const at::Tensor& running_mean,
+    const at::Tensor& running_var,
+    double eps,
+    const at::Tensor& other,
+    const at::Scalar& divisor) {
+  checkBatchNormAddDivSwishInputs(
+      input, weight, bias, running_mean, running_var, other, divisor);
+  const auto plan = forwardPlan(
+      input, weight, bias, running_mean, running_var, /*training=*/false, other,
+      divisor);
+  if (!plan) {
+    return batchNormAddDivSwishEvalComposite(
+        input, weight, bias, running_mean, running_var, eps, other, divisor);
+  }
+  return evalForwardCuda(*plan, input, eps);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForwardCuda(
+    const at::Tensor& input,
+    const OptTensor& weight,
+    const OptTensor& bias,
+    at::Tensor& running_mean,
+    at::Tensor& running_var,
+    bool training,
+    double momentum,
+    double eps,
+    const at::Tensor& other,
+    const at::Scalar& divisor) {
+  checkBatchNormAddDivSwishInputs(
+      input, weight, bias, running_mean, running_var, other, divisor);
+  const auto plan = forwardPlan(
+      input, weight, bias, running_mean, running_var, training, other, divisor);
+  if (!plan) {
+    return batchNormAddDivSwishForwardComposite(
+        input, weight, bias, running_mean, running_var, training, momentum, eps,
+        other, divisor);
+  }
+  // Statistics in batchNormOpmathType(input) = float32 for the kernel dtypes.
+  const auto stats = input.options().dtype(at::kFloat);
+  if (!training) {
+    return {evalForwardCuda(*plan, input, eps), at::empty({0}, stats), at::empty({0}, stats)};
+  }
+  auto save_mean = at::empty({input.size(1)}, stats);
+  auto save_invstd = at::empty({input.size(1)}, stats);
+  auto out = trainForwardCuda(
+      *plan, input, running_mean, running_var, momentum, eps, save_mean, save_invstd);
+  return {out, save_mean, save_invstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+batchNormAddDivSwishBackwardCuda(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const OptTensor& weight,
+    const OptTensor& bias,
+    const at::Tensor& mean,
+    const at::Tensor& invstd,
+    bool training,
+    const at::Tensor& other,
+    const at::Scalar& divisor,
+    std::array<bool, 3> output_mask) {
+  const auto fallback = [&] {
+    return batchNormAddDivSwishBackwardComposite(
+        grad_output, input, weight, bias, mean, invstd, training, other, divisor,
+        output_mask);
+  };
+  // NB: with grad_output in the input's dtype, the composite's compute type
+  // promote(opmath(input), grad_output) is float32, the kernels' type.
+  if (!isKernelInput(input) || !grad_output.defined() ||
+      grad_output.scalar_type() != input.scalar_type() ||
+      grad_output.sizes() != input.sizes() ||
+      grad_output.device() != input.device()) {
+    return fallback();
+  }
+  const auto w = optionalChannelRef(weight, input);
+  const auto b = optionalChannelRef(bias, input);
+  const auto mu = mean.defined() ? channelRef(mean, input) : std::nullopt;
+  const auto is = invstd.defined() ? channelRef(invstd, input) : std::nullopt;
+  const auto s = other.defined() ? otherRef(other, input) : std::nullopt;
+  const auto d = realDivisor(divisor);
+  if (!w || !b || !mu || !is || !s || !d) {
+    return fallback();
+  }
+  c10::cuda::CUDAGuard guard(input.device());
+  const int sms = numSms();
+  const auto shape = shapeOf(input);
+  const auto g = grad_output.contiguous();
+  const auto f32 = input.options().dtype(at::kFloat);
+  auto grad_sum = at::empty(input.sizes(), f32);
+  at::Tensor grad_input, grad_weight, grad_bias;
+  if (output_mask[0]) {
+    grad_input = at::empty(input.sizes(), input.options());
+  }
+  if (output_mask[1]) {
+    grad_weight = at::empty({shape.c}, f32);
+  }
+  if (output_mask[2]) {
+    grad_bias = at::empty({shape.c}, f32);
+  }
+  auto ws = workspace(input, shape, sms);
+  const k::BnAffine affine{*w, *b, *s, *d};
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  TORCHFUSE_DISPATCH_BN_TYPES(input.scalar_type(), "custom_batch_norm_add_div_swish_backward", [&] {
+    k::batchNormSwishBackward(
+        cudaPtr<scalar_t>(g), cudaPtr<scalar_t>(input), shape, affine, *mu, *is,
+        training, grad_input.defined() ? cudaPtr<scalar_t>(grad_input) : nullptr,
+        grad_weight.defined() ? grad_weight.data_ptr<float>() : nullptr,
+        grad_bias.defined() ? grad_bias.data_ptr<float>() : nullptr,
+        grad_sum.data_ptr<float>(), ws.data_ptr<float>(), sms, stream);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {grad_input, grad_weight, grad_bias, grad_sum};
+}
+
+#undef TORCHFUSE_DISPATCH_BN_TYPES
+
+} // namespace
+} // namespace torchfuse::ops
 
 TORCH_LIBRARY_IMPL(torchfuse, CUDA, m) {
   using namespace torchfuse::ops;
   m.impl(
       TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish"),
-      TORCH_FN(batchNormAddDivSwishComposite));
+      TORCH_FN(batchNormAddDivSwishCuda));
   m.impl(
       TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish_eval"),
-      TORCH_FN(batchNormAddDivSwishEvalComposite));
+      TORCH_FN(batchNormAddDivSwishEvalCuda));
   m.impl(
       TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish_forward"),
-      TORCH_FN(batchNormAddDivSwishForwardComposite));
+      TORCH_FN(batchNormAddDivSwishForwardCuda));
   m.impl(
       TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish_backward"),
-      TORCH_FN(batchNormAddDivSwishBackwardComposite));
+      TORCH_FN(batchNormAddDivSwishBackwardCuda));
 }

@@ -1,0 +1,945 @@
+#include "kernels/elementwise/batch_norm_add_div_swish.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <type_traits>
+
+// Layout of the work (see docs/kernels/batch_norm_add_div_swish.md):
+//
+// * Reductions (training statistics; backward sums) write one partial per
+//   (split, channel) to the workspace; a one-thread-per-channel kernel merges
+//   the splits in float64 and derives per-channel coefficients.
+//   - l == 1 ("columns"): x is an (n, c) matrix.  A thread owns V adjacent
+//     columns (one 16-byte vector) and walks rows, so a warp reads contiguous
+//     memory; 8 row groups per block are merged through shared memory and the
+//     grid's y dimension splits the rows.
+//   - l > 1 ("planes"): block (channel, split) walks its share of the
+//     channel's n * l elements in 16-byte vectors that never straddle planes
+//     (l % V == 0), then reduces across the block with warp shuffles.
+// * Elementwise passes read the per-channel coefficients from the workspace.
+//
+// Workspace (floats): 8 * c coefficients, then 2 * splits * c partials.
+
+namespace torchfuse::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kWarps = kThreads / 32;
+constexpr int kColX = 32;  // column threads per block (x)
+constexpr int kColY = 8;   // row groups per block (y)
+constexpr int kUnroll = 4; // loads in flight per thread
+
+// Per-channel coefficient arrays, each c floats, at workspace + k * c.
+enum Coef : int {
+  kMu = 0,     // mean used to centre x (batch or running)
+  kA = 1,      // w * invstd / d
+  kK = 2,      // (b + s) / d
+  kInvstd = 3, // invstd
+  kP = 4,      // w * invstd
+  kQ = 5,      // sum g_bn / M
+  kR = 6,      // sum g_bn * xhat / M
+  kNumCoefSlots = 8,
+};
+
+// ---------------------------------------------------------------- types ----
+
+__device__ __forceinline__ float toFloat(float v) {
+  return v;
+}
+__device__ __forceinline__ float toFloat(__half v) {
+  return __half2float(v);
+}
+__device__ __forceinline__ float toFloat(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T fromFloat(float v);
+template <>
+__device__ __forceinline__ float fromFloat<float>(float v) {
+  return v;
+}
+template <>
+__device__ __forceinline__ __half fromFloat<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// At most 16-byte alignment: sm_90 has no wider vector access, so a vector of
+// 8 floats is two 16-byte accesses.
+template <typename T, int V>
+struct alignas(sizeof(T) * V < 16 ? sizeof(T) * V : 16) Vec {
+  T v[V];
+};
+
+template <typename T>
+constexpr int maxVec() {
+  return 16 / static_cast<int>(sizeof(T));
+}
+
+__device__ double loadChannel(const BnChannelRef& r, int64_t c, double absent) {
+  if (r.data == nullptr) {
+    return absent;
+  }
+  const int64_t i = c * r.stride;
+  switch (r.dtype) {
+    case BnDtype::kFloat:
+      return static_cast<const float*>(r.data)[i];
+    case BnDtype::kHalf:
+      return __half2float(static_cast<const __half*>(r.data)[i]);
+    case BnDtype::kBFloat16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(r.data)[i]);
+    case BnDtype::kDouble:
+      return static_cast<const double*>(r.data)[i];
+  }
+  return absent;
+}
+
+__device__ double loadMut(const BnChannelMut& r, int64_t c) {
+  return loadChannel(BnChannelRef{r.data, r.dtype, 1}, c, 0.0);
+}
+
+__device__ void storeMut(const BnChannelMut& r, int64_t c, double v) {
+  switch (r.dtype) {
+    case BnDtype::kFloat:
+      static_cast<float*>(r.data)[c] = static_cast<float>(v);
+      break;
+    case BnDtype::kHalf:
+      static_cast<__half*>(r.data)[c] = __float2half_rn(static_cast<float>(v));
+      break;
+    case BnDtype::kBFloat16:
+      static_cast<__nv_bfloat16*>(r.data)[c] =
+          __float2bfloat16_rn(static_cast<float>(v));
+      break;
+    case BnDtype::kDouble:
+      static_cast<double*>(r.data)[c] = v;
+      break;
+  }
+}
+
+// --------------------------------------------------------------- plan ----
+
+struct Plan {
+  bool columns = true;
+  int vec = 1;          // elements per vector when pointers are aligned
+  int64_t splits = 1;   // partials per channel
+  int64_t total = 0;    // units split: rows (columns) or elements (planes)
+  int64_t per = 0;      // units per split
+  int64_t col_blocks = 0;
+};
+
+int64_t ceilDiv(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// Depends on the shape, the element size and the SM count only, so the
+// workspace size and the launches agree.
+Plan makePlan(BnShape s, int elem_size, int num_sms) {
+  Plan p;
+  const int vmax = 16 / elem_size;
+  // Enough 256-thread blocks to fill every SM.
+  const int64_t target = int64_t(std::max(num_sms, 1)) * 8;
+  p.columns = s.l == 1;
+  if (p.columns) {
+    p.vec = s.c % vmax == 0 ? vmax : 1;
+    p.col_blocks = ceilDiv(s.c / p.vec, kColX);
+    // At least 8 rows per thread.
+    const int64_t max_splits =
+        std::min<int64_t>(65535, std::max<int64_t>(1, s.n / (kColY * 8)));
+    p.splits = std::clamp<int64_t>(ceilDiv(target, p.col_blocks), 1, max_splits);
+    p.total = s.n;
+    p.per = ceilDiv(s.n, p.splits);
+  } else {
+    p.vec = s.l % vmax == 0 ? vmax : 1;
+    const int64_t m = s.n * s.l;
+    // At least kUnroll vectors per thread.
+    const int64_t max_splits = std::min<int64_t>(
+        65535, std::max<int64_t>(1, m / (int64_t(kThreads) * p.vec * kUnroll)));
+    p.splits = std::clamp<int64_t>(ceilDiv(target, s.c), 1, max_splits);
+    p.total = m;
+    p.per = ceilDiv(ceilDiv(m, p.splits), p.vec) * p.vec;
+  }
+  return p;
+}
+
+__host__ __device__ __forceinline__ int64_t
+splitCount(int64_t total, int64_t per, int64_t s) {
+  const int64_t left = total - s * per;
+  return left <= 0 ? 0 : (left < per ? left : per);
+}
+
+bool aligned16(const void* p) {
+  return p == nullptr || reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// ------------------------------------------------------------- math ----
+
+// Chan et al.'s merge of (nb, mb, m2b) into (n, mean, m2).
+template <typename F>
+__device__ __forceinline__ void
+welfordMerge(F& n, F& mean, F& m2, F nb, F mb, F m2b) {
+  if (nb == F(0)) {
+    return;
+  }
+  if (n == F(0)) {
+    n = nb;
+    mean = mb;
+    m2 = m2b;
+    return;
+  }
+  const F nn = n + nb;
+  const F delta = mb - mean;
+  const F fb = nb / nn;
+  mean += delta * fb;
+  m2 += m2b + delta * delta * n * fb;
+  n = nn;
+}
+
+// The forward statistics accumulate x - shift_c with shift_c = x[0, c, 0]
+// (element c * l) in every split and add shift_c back in float64: the float32
+// sums then lose precision relative to the spread of the channel, not to its
+// mean, so |mean| >> std stays accurate.  A non-finite shift makes the
+// channel's statistics NaN, as the non-finite value does anyway.
+__device__ __forceinline__ int64_t statsShiftIndex(int64_t ch, int64_t l) {
+  return ch * l;
+}
+
+struct ChannelCoef {
+  float mu, a, k, invstd;
+};
+
+__device__ __forceinline__ ChannelCoef loadCoef(const float* coef, int64_t c, int64_t ch) {
+  return {
+      __ldg(coef + kMu * c + ch), __ldg(coef + kA * c + ch),
+      __ldg(coef + kK * c + ch), __ldg(coef + kInvstd * c + ch)};
+}
+
+// As PyTorch: 1 / (1 + exp(-t)); NaN and +-Inf propagate as there.  The
+// 16-bit types take the fast exp (relative error ~1e-6, far below their
+// rounding); float32 keeps the accurate one.
+template <typename T>
+__device__ __forceinline__ float sigmoidOf(float t) {
+  if constexpr (sizeof(T) == 2) {
+    return __frcp_rn(1.f + __expf(-t));
+  } else {
+    return __frcp_rn(1.f + expf(-t));
+  }
+}
+
+// g_bn = dout * s' * (1 + t (1 - s')) / d, with t recomputed from x.
+template <typename T>
+__device__ __forceinline__ float
+swishGrad(float g, float x, const ChannelCoef& cf, float inv_d, float* xm_out) {
+  const float xm = x - cf.mu;
+  const float t = fmaf(xm, cf.a, cf.k);
+  const float s = sigmoidOf<T>(t);
+  *xm_out = xm;
+  return g * s * (1.f + t * (1.f - s)) * inv_d;
+}
+
+// ------------------------------------------------------- reductions ----
+
+// kBwd == false: Welford (mean, m2) of x per column.
+// kBwd == true:  (sum g_bn, sum g_bn * xhat) per column.
+template <typename T, int V, bool kBwd>
+__global__ void __launch_bounds__(kColX* kColY) columnReduceKernel(
+    const T* __restrict__ x,
+    const T* __restrict__ g,
+    int64_t n,
+    int64_t c,
+    int64_t per,
+    const float* __restrict__ coef,
+    float inv_d,
+    float* __restrict__ part0,
+    float* __restrict__ part1) {
+  const int tx = threadIdx.x;
+  const int ty = threadIdx.y;
+  const int64_t col = int64_t(blockIdx.x) * kColX + tx;  // vector column
+  const bool valid = col < c / V;
+  const int64_t r0 = int64_t(blockIdx.y) * per;
+  const int64_t r1 = r0 + per < n ? r0 + per : n;
+
+  float s0[V], s1[V];
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    s0[k] = 0.f;
+    s1[k] = 0.f;
+  }
+  int cnt = 0;
+  // Forward: Welford of x - shift_c, shift_c = x[0, c] (see statsShift).
+  float shift[kBwd ? 1 : V];
+  if constexpr (!kBwd) {
+    if (valid) {
+      // l == 1 here: statsShiftIndex(col * V + k, 1) = col * V + k.
+      const Vec<T, V> s = *reinterpret_cast<const Vec<T, V>*>(x + col * V);
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        shift[k] = toFloat(s.v[k]);
+      }
+    }
+  }
+  ChannelCoef cf[kBwd ? V : 1];
+  if constexpr (kBwd) {
+    if (valid) {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        cf[k] = loadCoef(coef, c, col * V + k);
+      }
+    }
+  }
+  if (valid) {
+    for (int64_t r = r0 + ty; r < r1; r += kColY * kUnroll) {
+      Vec<T, V> xv[kUnroll];
+      Vec<T, V> gv[kBwd ? kUnroll : 1];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t rr = r + u * kColY;
+        if (rr < r1) {
+          xv[u] = *reinterpret_cast<const Vec<T, V>*>(x + rr * c + col * V);
+          if constexpr (kBwd) {
+            gv[u] = *reinterpret_cast<const Vec<T, V>*>(g + rr * c + col * V);
+          }
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (r + u * kColY < r1) {
+          if constexpr (!kBwd) {
+            ++cnt;
+            const float f = 1.f / static_cast<float>(cnt);
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+              const float xf = toFloat(xv[u].v[k]) - shift[k];
+              const float d = xf - s0[k];
+              s0[k] += d * f;
+              s1[k] += d * (xf - s0[k]);
+            }
+          } else {
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+              float xm;
+              const float gb =
+                  swishGrad<T>(toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf[k], inv_d, &xm);
+              s0[k] += gb;
+              s1[k] += gb * (xm * cf[k].invstd);
+            }
+          }
+        }
+      }
+    }
+  }
+
+  __shared__ float sh0[kColY][kColX * V];
+  __shared__ float sh1[kColY][kColX * V];
+  __shared__ int shn[kColY][kColX];
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    sh0[ty][tx * V + k] = s0[k];
+    sh1[ty][tx * V + k] = s1[k];
+  }
+  shn[ty][tx] = cnt;
+  __syncthreads();
+  if (ty != 0 || !valid) {
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    float a0 = s0[k], a1 = s1[k];
+    float na = static_cast<float>(cnt);
+    for (int j = 1; j < kColY; ++j) {
+      if constexpr (kBwd) {
+        a0 += sh0[j][tx * V + k];
+        a1 += sh1[j][tx * V + k];
+      } else {
+        welfordMerge(
+            na, a0, a1, static_cast<float>(shn[j][tx]), sh0[j][tx * V + k],
+            sh1[j][tx * V + k]);
+      }
+    }
+    const int64_t idx = int64_t(blockIdx.y) * c + col * V + k;
+    part0[idx] = a0;
+    part1[idx] = a1;
+  }
+}
+
+template <typename T, int V, bool kBwd>
+__global__ void __launch_bounds__(kThreads) planeReduceKernel(
+    const T* __restrict__ x,
+    const T* __restrict__ g,
+    int64_t c,
+    int64_t l,
+    int64_t m,
+    int64_t per,
+    const float* __restrict__ coef,
+    float inv_d,
+    float* __restrict__ part0,
+    float* __restrict__ part1) {
+  const int64_t ch = blockIdx.x;
+  const int64_t e0 = int64_t(blockIdx.y) * per;
+  const int64_t e1 = e0 + per < m ? e0 + per : m;
+  float a0 = 0.f, a1 = 0.f;  // (mean, m2) or (sum g_bn, sum g_bn * xhat)
+  float cnt = 0.f;
+  float shift = 0.f;
+  if constexpr (!kBwd) {
+    shift = toFloat(x[statsShiftIndex(ch, l)]);
+  }
+  ChannelCoef cf{};
+  if constexpr (kBwd) {
+    cf = loadCoef(coef, c, ch);
+  }
+  constexpr int64_t kStep = int64_t(kThreads) * V;
+  for (int64_t e = e0 + int64_t(threadIdx.x) * V; e < e1; e += kStep * kUnroll) {
+    Vec<T, V> xv[kUnroll];
+    Vec<T, V> gv[kBwd ? kUnroll : 1];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t ee = e + u * kStep;
+      if (ee < e1) {
+        const int64_t plane = ee / l;
+        const int64_t off = (plane * c + ch) * l + (ee - plane * l);
+        xv[u] = *reinterpret_cast<const Vec<T, V>*>(x + off);
+        if constexpr (kBwd) {
+          gv[u] = *reinterpret_cast<const Vec<T, V>*>(g + off);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (e + u * kStep < e1) {
+        if constexpr (!kBwd) {
+          // Merge the vector's own (mean, m2) into the running state.
+          float bm = 0.f;
+#pragma unroll
+          for (int k = 0; k < V; ++k) {
+            bm += toFloat(xv[u].v[k]) - shift;
+          }
+          bm *= 1.f / V;
+          float bm2 = 0.f;
+#pragma unroll
+          for (int k = 0; k < V; ++k) {
+            const float d = (toFloat(xv[u].v[k]) - shift) - bm;
+            bm2 += d * d;
+          }
+          const float n_old = cnt;
+          cnt += V;
+          const float f = V / cnt;
+          const float delta = bm - a0;
+          a0 += delta * f;
+          a1 += bm2 + delta * delta * n_old * f;
+        } else {
+#pragma unroll
+          for (int k = 0; k < V; ++k) {
+            float xm;
+            const float gb =
+                swishGrad<T>(toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf, inv_d, &xm);
+            a0 += gb;
+            a1 += gb * (xm * cf.invstd);
+          }
+        }
+      }
+    }
+  }
+
+  // Block reduction: warps by shuffles, then the kWarps warp results.
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float b0 = __shfl_down_sync(0xffffffffu, a0, offset);
+    const float b1 = __shfl_down_sync(0xffffffffu, a1, offset);
+    if constexpr (kBwd) {
+      a0 += b0;
+      a1 += b1;
+    } else {
+      const float nb = __shfl_down_sync(0xffffffffu, cnt, offset);
+      welfordMerge(cnt, a0, a1, nb, b0, b1);
+    }
+  }
+  __shared__ float sh[3][kWarps];
+  const int warp = threadIdx.x / 32;
+  if ((threadIdx.x & 31) == 0) {
+    sh[0][warp] = a0;
+    sh[1][warp] = a1;
+    sh[2][warp] = cnt;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kWarps; ++w) {
+      if constexpr (kBwd) {
+        a0 += sh[0][w];
+        a1 += sh[1][w];
+      } else {
+        welfordMerge(cnt, a0, a1, sh[2][w], sh[0][w], sh[1][w]);
+      }
+    }
+    part0[int64_t(blockIdx.y) * c + ch] = a0;
+    part1[int64_t(blockIdx.y) * c + ch] = a1;
+  }
+}
+
+// ------------------------------------------------- per-channel kernels ----
+
+// Writes mu, a, k, invstd and p for channel ch.  mean and invstd are the
+// float32 values the backward will see again (saved statistics), so forward
+// and backward recompute the same t.
+__device__ void writeCoef(
+    float* coef,
+    int64_t c,
+    int64_t ch,
+    float mean,
+    float invstd,
+    const BnAffine& aff) {
+  const double w = loadChannel(aff.weight, ch, 1.0);
+  const double b = loadChannel(aff.bias, ch, 0.0);
+  const double s = loadChannel(aff.other, ch, 0.0);
+  const double d = aff.divisor;
+  coef[kMu * c + ch] = mean;
+  coef[kA * c + ch] = static_cast<float>(w * invstd / d);
+  coef[kK * c + ch] = static_cast<float>((b + s) / d);
+  coef[kInvstd * c + ch] = invstd;
+  coef[kP * c + ch] = static_cast<float>(w * invstd);
+}
+
+template <typename T>
+__global__ void trainStatsFinalizeKernel(
+    const T* __restrict__ x,
+    const float* __restrict__ part0,
+    const float* __restrict__ part1,
+    int64_t c,
+    int64_t l,
+    int64_t splits,
+    int64_t total,
+    int64_t per,
+    int64_t m,
+    BnAffine aff,
+    BnChannelMut running_mean,
+    BnChannelMut running_var,
+    double momentum,
+    double eps,
+    float* __restrict__ save_mean,
+    float* __restrict__ save_invstd,
+    float* __restrict__ coef) {
+  const int64_t ch = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (ch >= c) {
+    return;
+  }
+  double n = 0, mean = 0, m2 = 0;
+  for (int64_t s = 0; s < splits; ++s) {
+    const int64_t nb = splitCount(total, per, s);
+    welfordMerge<double>(
+        n, mean, m2, static_cast<double>(nb), part0[s * c + ch], part1[s * c + ch]);
+  }
+  // NB: as PyTorch: invstd from the biased variance, the running variance
+  // from the unbiased one (m2 / (M - 1): NaN for M == 1, as there).
+  mean += toFloat(x[statsShiftIndex(ch, l)]);
+  const double var = m2 / static_cast<double>(m);
+  const float mean_f = static_cast<float>(mean);
+  const float invstd_f = static_cast<float>(1.0 / sqrt(var + eps));
+  if (save_mean != nullptr) {
+    save_mean[ch] = mean_f;
+  }
+  if (save_invstd != nullptr) {
+    save_invstd[ch] = invstd_f;
+  }
+  if (running_mean.data != nullptr) {
+    storeMut(
+        running_mean, ch,
+        (1.0 - momentum) * loadMut(running_mean, ch) + momentum * mean);
+  }
+  if (running_var.data != nullptr) {
+    const double unbiased = m2 / static_cast<double>(m - 1);
+    storeMut(
+        running_var, ch,
+        (1.0 - momentum) * loadMut(running_var, ch) + momentum * unbiased);
+  }
+  writeCoef(coef, c, ch, mean_f, invstd_f, aff);
+}
+
+// From given statistics: invstd given directly, or 1/sqrt(var + eps).
+__global__ void coefFromStatsKernel(
+    int64_t c,
+    BnChannelRef mean,
+    BnChannelRef var_or_invstd,
+    bool is_var,
+    double eps,
+    BnAffine aff,
+    float* __restrict__ coef) {
+  const int64_t ch = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (ch >= c) {
+    return;
+  }
+  const double v = loadChannel(var_or_invstd, ch, 0.0);
+  const float invstd = is_var
+      ? static_cast<float>(1.0 / sqrt(v + eps))
+      : static_cast<float>(v);
+  writeCoef(
+      coef, c, ch, static_cast<float>(loadChannel(mean, ch, 0.0)), invstd, aff);
+}
+
+__global__ void backwardSumsFinalizeKernel(
+    const float* __restrict__ part0,
+    const float* __restrict__ part1,
+    int64_t c,
+    int64_t splits,
+    int64_t m,
+    float* __restrict__ grad_weight,
+    float* __restrict__ grad_bias,
+    float* __restrict__ coef) {
+  const int64_t ch = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (ch >= c) {
+    return;
+  }
+  double sum_g = 0, sum_gx = 0;
+  for (int64_t s = 0; s < splits; ++s) {
+    sum_g += part0[s * c + ch];
+    sum_gx += part1[s * c + ch];
+  }
+  if (grad_weight != nullptr) {
+    grad_weight[ch] = static_cast<float>(sum_gx);
+  }
+  if (grad_bias != nullptr) {
+    grad_bias[ch] = static_cast<float>(sum_g);
+  }
+  coef[kQ * c + ch] = static_cast<float>(sum_g / static_cast<double>(m));
+  coef[kR * c + ch] = static_cast<float>(sum_gx / static_cast<double>(m));
+}
+
+// ------------------------------------------------------- elementwise ----
+
+// Coefficient `slot` for the V elements of the vector starting at element e.
+// l == 1: V adjacent channels starting at e % c (c % V == 0, so they do not
+// wrap and the load is 16-byte aligned when V >= 4); l > 1: one channel
+// (e / l) % c for all V (l % V == 0).
+template <int V>
+__device__ __forceinline__ void fetchCoef(
+    const float* __restrict__ coef,
+    int64_t c,
+    int slot,
+    int64_t ch0,
+    bool cols,
+    float (&out)[V]) {
+  const float* p = coef + slot * c + ch0;
+  if (cols) {
+    if constexpr (V % 4 == 0) {
+#pragma unroll
+      for (int j = 0; j < V / 4; ++j) {
+        const float4 f = __ldg(reinterpret_cast<const float4*>(p) + j);
+        out[4 * j] = f.x;
+        out[4 * j + 1] = f.y;
+        out[4 * j + 2] = f.z;
+        out[4 * j + 3] = f.w;
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        out[k] = __ldg(p + k);
+      }
+    }
+  } else {
+    const float v = __ldg(p);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      out[k] = v;
+    }
+  }
+}
+
+__device__ __forceinline__ int64_t firstChannel(int64_t e, int64_t c, int64_t l) {
+  return l == 1 ? e % c : (e / l) % c;
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kThreads) applyForwardKernel(
+    const T* __restrict__ x,
+    T* __restrict__ out,
+    int64_t nvec,
+    int64_t c,
+    int64_t l,
+    const float* __restrict__ coef) {
+  const int64_t base = int64_t(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
+  const bool cols = l == 1;
+  Vec<T, V> xv[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t v = base + u * kThreads;
+    if (v < nvec) {
+      xv[u] = reinterpret_cast<const Vec<T, V>*>(x)[v];
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t v = base + u * kThreads;
+    if (v < nvec) {
+      const int64_t ch0 = firstChannel(v * V, c, l);
+      float mu[V], a[V], kk[V];
+      fetchCoef<V>(coef, c, kMu, ch0, cols, mu);
+      fetchCoef<V>(coef, c, kA, ch0, cols, a);
+      fetchCoef<V>(coef, c, kK, ch0, cols, kk);
+      Vec<T, V> o;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        const float t = fmaf(toFloat(xv[u].v[k]) - mu[k], a[k], kk[k]);
+        o.v[k] = fromFloat<T>(t * sigmoidOf<T>(t));
+      }
+      reinterpret_cast<Vec<T, V>*>(out)[v] = o;
+    }
+  }
+}
+
+enum BwdMode : int { kSumOnly = 0, kDxEval = 1, kDxTrain = 2 };
+
+template <typename T, int V, int kMode>
+__global__ void __launch_bounds__(kThreads) applyBackwardKernel(
+    const T* __restrict__ g,
+    const T* __restrict__ x,
+    T* __restrict__ dx,
+    float* __restrict__ grad_sum,
+    int64_t nvec,
+    int64_t c,
+    int64_t l,
+    const float* __restrict__ coef,
+    float inv_d) {
+  const int64_t base = int64_t(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
+  const bool cols = l == 1;
+  Vec<T, V> xv[kUnroll], gv[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t v = base + u * kThreads;
+    if (v < nvec) {
+      xv[u] = reinterpret_cast<const Vec<T, V>*>(x)[v];
+      gv[u] = reinterpret_cast<const Vec<T, V>*>(g)[v];
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int64_t v = base + u * kThreads;
+    if (v < nvec) {
+      const int64_t ch0 = firstChannel(v * V, c, l);
+      float mu[V], a[V], kk[V], is[V], p[V], q[V], r[V];
+      fetchCoef<V>(coef, c, kMu, ch0, cols, mu);
+      fetchCoef<V>(coef, c, kA, ch0, cols, a);
+      fetchCoef<V>(coef, c, kK, ch0, cols, kk);
+      if constexpr (kMode != kSumOnly) {
+        fetchCoef<V>(coef, c, kP, ch0, cols, p);
+      }
+      if constexpr (kMode == kDxTrain) {
+        fetchCoef<V>(coef, c, kInvstd, ch0, cols, is);
+        fetchCoef<V>(coef, c, kQ, ch0, cols, q);
+        fetchCoef<V>(coef, c, kR, ch0, cols, r);
+      }
+      Vec<float, V> gs;
+      Vec<T, V> d;
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        float xm;
+        const ChannelCoef cf{mu[k], a[k], kk[k], 0.f};
+        const float gb =
+            swishGrad<T>(toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf, inv_d, &xm);
+        gs.v[k] = gb;
+        if constexpr (kMode == kDxEval) {
+          d.v[k] = fromFloat<T>(p[k] * gb);
+        } else if constexpr (kMode == kDxTrain) {
+          d.v[k] = fromFloat<T>(p[k] * (gb - q[k] - (xm * is[k]) * r[k]));
+        }
+      }
+      reinterpret_cast<Vec<float, V>*>(grad_sum)[v] = gs;
+      if constexpr (kMode != kSumOnly) {
+        reinterpret_cast<Vec<T, V>*>(dx)[v] = d;
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------- launchers ----
+
+// Calls f(std::integral_constant<int, V>) with the plan's vector width when
+// every pointer is 16-byte aligned, else with 1.
+template <typename T, typename F>
+void withVec(const Plan& p, bool aligned, F&& f) {
+  if (aligned && p.vec == maxVec<T>()) {
+    f(std::integral_constant<int, maxVec<T>()>{});
+  } else {
+    f(std::integral_constant<int, 1>{});
+  }
+}
+
+template <typename T, int V, bool kBwd>
+void launchReduce(
+    const Plan& p,
+    BnShape s,
+    const T* x,
+    const T* g,
+    const float* coef,
+    float inv_d,
+    float* part0,
+    float* part1,
+    cudaStream_t stream) {
+  if (p.columns) {
+    const dim3 grid(static_cast<unsigned>(ceilDiv(s.c / V, kColX)), static_cast<unsigned>(p.splits));
+    columnReduceKernel<T, V, kBwd><<<grid, dim3(kColX, kColY), 0, stream>>>(
+        x, g, s.n, s.c, p.per, coef, inv_d, part0, part1);
+  } else {
+    const dim3 grid(static_cast<unsigned>(s.c), static_cast<unsigned>(p.splits));
+    planeReduceKernel<T, V, kBwd><<<grid, kThreads, 0, stream>>>(
+        x, g, s.c, s.l, s.n * s.l, p.per, coef, inv_d, part0, part1);
+  }
+}
+
+unsigned applyBlocks(int64_t nvec) {
+  return static_cast<unsigned>(ceilDiv(nvec, int64_t(kThreads) * kUnroll));
+}
+
+unsigned channelBlocks(int64_t c) {
+  return static_cast<unsigned>(ceilDiv(c, kThreads));
+}
+
+int64_t numel(BnShape s) {
+  return s.n * s.c * s.l;
+}
+
+} // namespace
+
+int64_t batchNormSwishWorkspaceFloats(BnShape shape, int elem_size, int num_sms) {
+  if (numel(shape) == 0) {
+    return 0;
+  }
+  const Plan p = makePlan(shape, elem_size, num_sms);
+  return kNumCoefSlots * shape.c + 2 * p.splits * shape.c;
+}
+
+template <typename T>
+void batchNormSwishTrainForward(
+    const T* x,
+    T* out,
+    BnShape shape,
+    const BnAffine& affine,
+    BnChannelMut running_mean,
+    BnChannelMut running_var,
+    double momentum,
+    double eps,
+    float* save_mean,
+    float* save_invstd,
+    float* workspace,
+    int num_sms,
+    cudaStream_t stream) {
+  if (numel(shape) == 0) {
+    return;
+  }
+  const Plan p = makePlan(shape, sizeof(T), num_sms);
+  float* coef = workspace;
+  float* part0 = workspace + kNumCoefSlots * shape.c;
+  float* part1 = part0 + p.splits * shape.c;
+  withVec<T>(p, aligned16(x) && aligned16(out), [&](auto vc) {
+    constexpr int V = decltype(vc)::value;
+    launchReduce<T, V, false>(p, shape, x, nullptr, nullptr, 0.f, part0, part1, stream);
+    trainStatsFinalizeKernel<T><<<channelBlocks(shape.c), kThreads, 0, stream>>>(
+        x, part0, part1, shape.c, shape.l, p.splits, p.total, p.per, shape.n * shape.l,
+        affine, running_mean, running_var, momentum, eps, save_mean,
+        save_invstd, coef);
+    const int64_t nvec = numel(shape) / V;
+    applyForwardKernel<T, V><<<applyBlocks(nvec), kThreads, 0, stream>>>(
+        x, out, nvec, shape.c, shape.l, coef);
+  });
+}
+
+template <typename T>
+void batchNormSwishEvalForward(
+    const T* x,
+    T* out,
+    BnShape shape,
+    const BnAffine& affine,
+    BnChannelRef running_mean,
+    BnChannelRef running_var,
+    double eps,
+    float* workspace,
+    int num_sms,
+    cudaStream_t stream) {
+  if (numel(shape) == 0) {
+    return;
+  }
+  const Plan p = makePlan(shape, sizeof(T), num_sms);
+  float* coef = workspace;
+  coefFromStatsKernel<<<channelBlocks(shape.c), kThreads, 0, stream>>>(
+      shape.c, running_mean, running_var, /*is_var=*/true, eps, affine, coef);
+  withVec<T>(p, aligned16(x) && aligned16(out), [&](auto vc) {
+    constexpr int V = decltype(vc)::value;
+    const int64_t nvec = numel(shape) / V;
+    applyForwardKernel<T, V><<<applyBlocks(nvec), kThreads, 0, stream>>>(
+        x, out, nvec, shape.c, shape.l, coef);
+  });
+}
+
+template <typename T>
+void batchNormSwishBackward(
+    const T* grad_output,
+    const T* x,
+    BnShape shape,
+    const BnAffine& affine,
+    BnChannelRef mean,
+    BnChannelRef invstd,
+    bool training,
+    T* grad_input,
+    float* grad_weight,
+    float* grad_bias,
+    float* grad_sum,
+    float* workspace,
+    int num_sms,
+    cudaStream_t stream) {
+  if (numel(shape) == 0) {
+    return;
+  }
+  const Plan p = makePlan(shape, sizeof(T), num_sms);
+  float* coef = workspace;
+  float* part0 = workspace + kNumCoefSlots * shape.c;
+  float* part1 = part0 + p.splits * shape.c;
+  const float inv_d = static_cast<float>(1.0 / affine.divisor);
+  coefFromStatsKernel<<<channelBlocks(shape.c), kThreads, 0, stream>>>(
+      shape.c, mean, invstd, /*is_var=*/false, 0.0, affine, coef);
+  const bool need_sums = (training && grad_input != nullptr) ||
+      grad_weight != nullptr || grad_bias != nullptr;
+  const bool aligned = aligned16(grad_output) && aligned16(x) &&
+      aligned16(grad_input) && aligned16(grad_sum);
+  withVec<T>(p, aligned, [&](auto vc) {
+    constexpr int V = decltype(vc)::value;
+    if (need_sums) {
+      launchReduce<T, V, true>(
+          p, shape, x, grad_output, coef, inv_d, part0, part1, stream);
+      backwardSumsFinalizeKernel<<<channelBlocks(shape.c), kThreads, 0, stream>>>(
+          part0, part1, shape.c, p.splits, shape.n * shape.l, grad_weight,
+          grad_bias, coef);
+    }
+    const int64_t nvec = numel(shape) / V;
+    const auto blocks = applyBlocks(nvec);
+    if (grad_input == nullptr) {
+      applyBackwardKernel<T, V, kSumOnly><<<blocks, kThreads, 0, stream>>>(
+          grad_output, x, nullptr, grad_sum, nvec, shape.c, shape.l, coef, inv_d);
+    } else if (training) {
+      applyBackwardKernel<T, V, kDxTrain><<<blocks, kThreads, 0, stream>>>(
+          grad_output, x, grad_input, grad_sum, nvec, shape.c, shape.l, coef, inv_d);
+    } else {
+      applyBackwardKernel<T, V, kDxEval><<<blocks, kThreads, 0, stream>>>(
+          grad_output, x, grad_input, grad_sum, nvec, shape.c, shape.l, coef, inv_d);
+    }
+  });
+}
+
+#define TORCHFUSE_INSTANTIATE_BN_SWISH(T)                                      \
+  template void batchNormSwishTrainForward<T>(                                 \
+      const T*, T*, BnShape, const BnAffine&, BnChannelMut, BnChannelMut,      \
+      double, double, float*, float*, float*, int, cudaStream_t);              \
+  template void batchNormSwishEvalForward<T>(                                  \
+      const T*, T*, BnShape, const BnAffine&, BnChannelRef, BnChannelRef,      \
+      double, float*, int, cudaStream_t);                                      \
+  template void batchNormSwishBackward<T>(                                     \
+      const T*, const T*, BnShape, const BnAffine&, BnChannelRef,              \
+      BnChannelRef, bool, T*, float*, float*, float*, float*, int,             \
+      cudaStream_t);
+TORCHFUSE_INSTANTIATE_BN_SWISH(float)
+TORCHFUSE_INSTANTIATE_BN_SWISH(__half)
+TORCHFUSE_INSTANTIATE_BN_SWISH(__nv_bfloat16)
+#undef TORCHFUSE_INSTANTIATE_BN_SWISH
+
+} // namespace torchfuse::kernels

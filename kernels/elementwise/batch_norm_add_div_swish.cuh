@@ -1,0 +1,117 @@
+#pragma once
+
+// batch_norm -> add -> div -> swish kernels on raw device pointers.  No
+// dispatcher headers here: ops/cuda/batch_norm_add_div_swish_kernel.cpp checks
+// the arguments, picks the stream, allocates the workspace and maps dtypes.
+//
+// The input is contiguous and viewed as (n, c, l): an (N, C) input is l = 1,
+// an (N, C, *) input has l = prod(*).  Statistics and arithmetic are float32
+// whatever T is; per-channel finishing steps run in float64.
+//
+//   t   = (x - mu_c) * a_c + k_c,   a_c = w_c * invstd_c / d,
+//                                   k_c = (b_c + s_c) / d
+//   out = t * sigmoid(t)
+//
+// Backward (s' = sigmoid(t), xhat = (x - mu_c) * invstd_c):
+//   g_bn  = dout * s' * (1 + t * (1 - s')) / d        (= grad_sum)
+//   dw_c  = sum g_bn * xhat,  db_c = sum g_bn
+//   dx    = w_c * invstd_c * (g_bn - db_c / M - xhat * dw_c / M)   (training)
+//   dx    = w_c * invstd_c * g_bn                                  (eval)
+// with M = n * l.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace torchfuse::kernels {
+
+enum class BnDtype : int { kFloat = 0, kHalf = 1, kBFloat16 = 2, kDouble = 3 };
+
+// A per-channel vector on the device: element c is data[c * stride].  A
+// stride of 0 broadcasts one value; data == nullptr means absent (weight: 1,
+// bias and other: 0).
+struct BnChannelRef {
+  const void* data = nullptr;
+  BnDtype dtype = BnDtype::kFloat;
+  int64_t stride = 1;
+};
+
+// A contiguous per-channel vector updated in place (running statistics).
+struct BnChannelMut {
+  void* data = nullptr;
+  BnDtype dtype = BnDtype::kFloat;
+};
+
+struct BnShape {
+  int64_t n = 0;
+  int64_t c = 0;
+  int64_t l = 0;
+};
+
+struct BnAffine {
+  BnChannelRef weight;
+  BnChannelRef bias;
+  BnChannelRef other;  // s_c: one value (stride 0) or one per channel
+  double divisor = 1.0;
+};
+
+// Floats of device workspace the calls below need for this shape, element
+// size and SM count (the same values must be passed to the call).
+int64_t batchNormSwishWorkspaceFloats(BnShape shape, int elem_size, int num_sms);
+
+// Training forward: batch statistics (Welford, float32, merged in float64),
+// the running-statistics update
+//   rm <- (1 - m) rm + m mu,   rv <- (1 - m) rv + m var * M / (M - 1),
+// save_mean / save_invstd (float32, may be null) and out.
+template <typename T>
+void batchNormSwishTrainForward(
+    const T* x,
+    T* out,
+    BnShape shape,
+    const BnAffine& affine,
+    BnChannelMut running_mean,
+    BnChannelMut running_var,
+    double momentum,
+    double eps,
+    float* save_mean,
+    float* save_invstd,
+    float* workspace,
+    int num_sms,
+    cudaStream_t stream);
+
+// Eval forward with the running statistics: invstd = 1 / sqrt(rv + eps).
+template <typename T>
+void batchNormSwishEvalForward(
+    const T* x,
+    T* out,
+    BnShape shape,
+    const BnAffine& affine,
+    BnChannelRef running_mean,
+    BnChannelRef running_var,
+    double eps,
+    float* workspace,
+    int num_sms,
+    cudaStream_t stream);
+
+// Backward.  mean / invstd are the saved batch statistics (training) or the
+// running mean and 1/sqrt(rv + eps) (eval).  grad_sum (float32, shape of x)
+// is always written; grad_input, grad_weight and grad_bias (float32, c) only
+// where not null.
+template <typename T>
+void batchNormSwishBackward(
+    const T* grad_output,
+    const T* x,
+    BnShape shape,
+    const BnAffine& affine,
+    BnChannelRef mean,
+    BnChannelRef invstd,
+    bool training,
+    T* grad_input,
+    float* grad_weight,
+    float* grad_bias,
+    float* grad_sum,
+    float* workspace,
+    int num_sms,
+    cudaStream_t stream);
+
+} // namespace torchfuse::kernels

@@ -1,0 +1,470 @@
+"""The CUDA kernels of torchfuse::custom_batch_norm_add_div_swish (training and
+eval), custom_batch_norm_add_div_swish_eval and the internal _forward /
+_backward ops, against a float64 reference: the CPU composition
+(ops/cpu/batch_norm_add_div_swish_kernel.cpp) run on float64 copies.
+
+Criterion (cuda_utils.py): rel_err = max|a - ref| / max|ref| of the CUDA op
+must be at most 2 x that of eager PyTorch (the unfused batch_norm -> add ->
+div -> swish on CUDA, same dtype) plus a floor (FLOORS); NaN and +-Inf must
+land where eager puts them.  Checked: outputs, gradients of input, weight,
+bias and other, running statistics after several steps, saved statistics.
+Outputs are poisoned (NaN-filled blocks left in the caching allocator) right
+before every call under test, so an element the kernels never write shows up
+as NaN.
+
+Layouts cover the kernels' fast path (contiguous (N, C) and (N, C, *), scalar
+or per-channel `other`) and cases that must fall back to the composition
+(channels-last, strided input, full-size or differently broadcast `other`,
+mixed dtypes, float64).  Every test is marked `cuda` and skipped, with the
+reason, where torch sees no CUDA device.  TORCHFUSE_TEST_SEED=<n> reproduces
+a run; the seed is in every failure message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import zlib
+from typing import Optional
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cuda_utils import (  # noqa: E402
+    assert_close_to_reference,
+    inject_nonfinite,
+    nonfinite_pattern,
+    poison_allocator,
+    rel_err,
+    run_seed,
+)
+
+import torchfuse  # noqa: E402,F401  (registers torch.ops.torchfuse)
+
+HAS_CUDA = torch.cuda.is_available()
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(
+        not HAS_CUDA,
+        reason="no CUDA device: torch.cuda.is_available() is False (CPU-only machine or torch build)",
+    ),
+]
+
+ops = torch.ops.torchfuse
+SEED = run_seed()
+EPS = 1e-5
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+# Error floors, relative to max|ref|.
+FLOORS = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 2e-3, torch.float64: 1e-12}
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    shape: tuple
+    other: tuple  # shape of `other`
+    affine: bool = True
+    memory: str = "contiguous"  # "contiguous" | "channels_last" | "transposed" | "sliced"
+    mean: float = 0.5  # offset of x; large values test |mean| >> std
+    std: float = 2.0
+    fast: bool = True  # expected to take the CUDA kernels (documentation only)
+
+
+LAYOUTS = {
+    # --- the kernels' fast path
+    "2d": Layout((64, 32), (1,)),
+    "2d-per-channel": Layout((256, 1024), (1024,)),
+    "2d-odd-c": Layout((37, 13), (13,)),  # scalar (unvectorized) column path
+    "2d-tall-0dim-other": Layout((4096, 24), ()),
+    "2d-noaffine": Layout((64, 32), (32,), affine=False),
+    "2d-large-mean": Layout((512, 64), (64,), mean=1000.0, std=0.5),
+    "3d-odd-l": Layout((8, 16, 33), (16, 1)),  # scalar plane path
+    "4d": Layout((8, 16, 8, 8), (1, 16, 1, 1)),  # vectorized plane path
+    "4d-large-plane": Layout((2, 4, 96, 96), (1,)),
+    "4d-large-mean": Layout((4, 8, 16, 16), (8, 1, 1), mean=-300.0, std=0.25),
+    "4d-hw1": Layout((32, 24, 1, 1), (24, 1, 1)),  # L == 1: column path
+    "n1": Layout((1, 16, 40), (16, 1)),
+    "w3": Layout((1024, 8192), (1,)),  # the reference workload's BN tail
+    # --- must fall back to the composition
+    "channels-last": Layout((8, 16, 5, 5), (16, 1, 1), memory="channels_last", fast=False),
+    "transposed": Layout((64, 32), (32,), memory="transposed", fast=False),
+    "sliced": Layout((64, 32), (1,), memory="sliced", fast=False),
+    "full-other": Layout((8, 16, 5), (8, 16, 5), fast=False),
+    "other-on-last-dim": Layout((4, 8, 8), (8,), fast=False),  # numel C, but broadcast along dim 2
+    "other-more-dims": Layout((16, 8), (1, 1, 1), fast=False),  # result is 3-D
+}
+
+MODES = ["train", "eval", "eval-op"]
+
+
+@pytest.fixture
+def gen(request):
+    g = torch.Generator(device="cuda")
+    g.manual_seed(SEED ^ zlib.crc32(request.node.nodeid.encode()))
+    return g
+
+
+def poison(*nbytes: int) -> None:
+    """NaN-filled blocks of the outputs' sizes, plus whole small-pool (1 MiB)
+    and large-pool (64 MiB) blocks, so workspaces start out as NaN too."""
+    poison_allocator([n for n in nbytes if n > 0] + [1 << 20] * 4 + [64 << 20], copies=2)
+
+
+def nbytes(t: Optional[torch.Tensor]) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+def randn(shape, *, gen, dtype=torch.float32, scale=1.0, mean=0.0):
+    t = torch.randn(tuple(shape), generator=gen, device="cuda", dtype=torch.float32) * scale + mean
+    return t.to(dtype)
+
+
+def make_x(lay: Layout, dtype, gen) -> torch.Tensor:
+    if lay.memory == "transposed":
+        base = randn(lay.shape[::-1], gen=gen, scale=lay.std, mean=lay.mean).to(dtype)
+        x = base.t()
+    elif lay.memory == "sliced":
+        base = randn((lay.shape[0], 2 * lay.shape[1]), gen=gen, scale=lay.std, mean=lay.mean).to(dtype)
+        x = base[:, ::2]
+    else:
+        x = randn(lay.shape, gen=gen, scale=lay.std, mean=lay.mean).to(dtype)
+        if lay.memory == "channels_last":
+            x = x.contiguous(memory_format=torch.channels_last)
+    assert x.shape == lay.shape
+    return x
+
+
+def make_inputs(lay: Layout, dtype, param_dtype, gen) -> dict:
+    c = lay.shape[1]
+    return {
+        "x": make_x(lay, dtype, gen),
+        "w": randn((c,), gen=gen, mean=1.0, scale=0.5).to(param_dtype) if lay.affine else None,
+        "b": randn((c,), gen=gen).to(param_dtype) if lay.affine else None,
+        "rm": randn((c,), gen=gen, scale=0.1).to(param_dtype),
+        "rv": (torch.rand(c, device="cuda", generator=gen) + 0.5).to(param_dtype),
+        "other": randn(lay.other, gen=gen).to(dtype),
+    }
+
+
+def with_nonfinite(t: torch.Tensor, cg: torch.Generator) -> torch.Tensor:
+    """inject_nonfinite for any layout (it views its input as 1-D), keeping
+    t's strides."""
+    return torch.empty_like(t).copy_(inject_nonfinite(t.contiguous(), cg, count=2))
+
+
+def clone_to(v, dtype=None, device=None, grad=False):
+    if v is None:
+        return None
+    c = v.detach().clone()  # clone keeps the strides (channels-last, transposed)
+    if dtype is not None and c.is_floating_point():
+        c = c.to(dtype)
+    if device is not None:
+        c = c.to(device)
+    return c.requires_grad_(grad)
+
+
+def eager_fn(x, w, b, rm, rv, training, momentum, other, divisor):
+    # NB: torch.batch_norm, not F.batch_norm: the latter refuses one value per
+    # channel in training, which the aten op (and so the composite) allows.
+    t = (torch.batch_norm(x, w, b, rm, rv, training, momentum, EPS, True) + other) / divisor
+    return t * torch.sigmoid(t)
+
+
+def fused_fn(mode):
+    def f(x, w, b, rm, rv, training, momentum, other, divisor):
+        if mode == "eval-op":
+            return ops.custom_batch_norm_add_div_swish_eval(x, w, b, rm, rv, EPS, other, divisor)
+        return ops.custom_batch_norm_add_div_swish(x, w, b, rm, rv, training, momentum, EPS, other, divisor)
+
+    return f
+
+
+def check(fused, eager, ref, *, what, dtype, loose_nonfinite=False):
+    """assert_close_to_reference with FLOORS; loose_nonfinite: NaN and +-Inf
+    may differ, only finite vs non-finite placement must match."""
+    floor = FLOORS.get(fused.dtype, FLOORS[dtype])
+    if not loose_nonfinite:
+        assert_close_to_reference(fused, eager, ref, what=what, floor=floor)
+        return
+    assert fused.shape == eager.shape and fused.dtype == eager.dtype, what
+    nf_f = nonfinite_pattern(fused) != 0
+    nf_e = nonfinite_pattern(eager) != 0
+    assert torch.equal(nf_f, nf_e), f"{what}: finite/non-finite placement differs from eager"
+    finite = ~nf_e & torch.isfinite(ref)
+    bound = 2.0 * rel_err(eager, ref, finite) + floor
+    err = rel_err(fused, ref, finite)
+    assert err <= bound, f"{what}: relative error {err:.3e} exceeds {bound:.3e}"
+
+
+def run_and_compare(
+    lay: Layout,
+    mode: str,
+    dtype,
+    param_dtype,
+    gen,
+    *,
+    momentum=0.1,
+    divisor=1.0,
+    steps=None,
+    nonfinite=(),
+    label="",
+):
+    """`steps` training (or eval) steps through fused (CUDA op), eager (CUDA,
+    dtype) and reference (CPU op, float64), each with its own running
+    statistics; compares outputs and gradients at every step and the running
+    statistics at the end."""
+    training = mode == "train"
+    steps = steps if steps is not None else (3 if training else 1)
+    label = f"{label} mode={mode} dtype={dtype} params={param_dtype} [seed {SEED}]"
+    inputs = make_inputs(lay, dtype, param_dtype, gen)
+    cg = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,), generator=gen, device="cuda")))
+    for k in nonfinite:
+        inputs[k] = with_nonfinite(inputs[k], cg)
+    grads = [k for k in ("x", "w", "b", "other") if inputs[k] is not None]
+
+    # Persistent state per implementation: weight, bias, other, running stats.
+    def state(dtype_=None, device=None):
+        return {k: clone_to(inputs[k], dtype_, device, grad=k in grads) for k in ("w", "b", "other", "rm", "rv")}
+
+    s_fused, s_eager, s_ref = state(), state(), state(torch.float64, "cpu")
+    fused = fused_fn(mode)
+    ref_fn = fused_fn(mode)  # the CPU op = the composite
+
+    for step in range(steps):
+        x0 = inputs["x"] if step == 0 else make_x(lay, dtype, gen)
+        if step > 0 and "x" in nonfinite:
+            x0 = with_nonfinite(x0, cg)
+        xs = {
+            "fused": clone_to(x0, grad=True),
+            "eager": clone_to(x0, grad=True),
+            "ref": clone_to(x0, torch.float64, "cpu", grad=True),
+        }
+        for s in (s_fused, s_eager, s_ref):
+            for k in grads:
+                if k != "x":
+                    s[k].grad = None
+        args = lambda s, x: (x, s["w"], s["b"], s["rm"], s["rv"], training, momentum, s["other"], divisor)  # noqa: E731
+
+        ref_out = ref_fn(*args(s_ref, xs["ref"]))
+        eager_out = eager_fn(*args(s_eager, xs["eager"]))
+        poison(nbytes(eager_out), lay.shape[1] * 4)
+        fused_out = fused(*args(s_fused, xs["fused"]))
+        torch.cuda.synchronize()
+        what = f"{label} step {step}"
+        check(fused_out, eager_out, ref_out, what=f"{what}: output", dtype=dtype)
+
+        gy = randn(eager_out.shape, gen=gen).to(eager_out.dtype)
+        ref_out.backward(gy.double().cpu())
+        eager_out.backward(gy)
+        poison(nbytes(xs["eager"]) * 2, nbytes(eager_out) * 2, lay.shape[1] * 4)
+        fused_out.backward(gy)
+        torch.cuda.synchronize()
+        for k in grads:
+            f_t = xs["fused"] if k == "x" else s_fused[k]
+            e_t = xs["eager"] if k == "x" else s_eager[k]
+            r_t = xs["ref"] if k == "x" else s_ref[k]
+            assert f_t.grad is not None, f"{what}: no gradient for {k}"
+            check(f_t.grad, e_t.grad, r_t.grad.to(f_t.grad.device), what=f"{what}: grad of {k}", dtype=dtype)
+
+    if training:
+        for k in ("rm", "rv"):
+            # NB: a channel holding +-Inf gets a non-finite mean, but whether
+            # NaN or Inf depends on the order of the Welford merges, which
+            # differs between any two implementations.
+            check(
+                s_fused[k].detach(), s_eager[k].detach(), s_ref[k].detach().cuda(),
+                what=f"{label}: {k} after {steps} steps", dtype=dtype,
+                loose_nonfinite=bool(nonfinite) and k == "rm",
+            )
+    else:
+        for k in ("rm", "rv"):
+            assert torch.equal(s_fused[k], inputs[k]), f"{label}: eval changed {k}"
+
+
+def param_dtypes(dtype):
+    # float32 parameters with 16-bit inputs (the autocast / mixed-precision
+    # setup), and parameters in the input's own dtype.
+    return [torch.float32] if dtype == torch.float32 else [torch.float32, dtype]
+
+
+# ------------------------------------------------------------------ tests ----
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_layouts(layout, dtype, mode, gen):
+    lay = LAYOUTS[layout]
+    for pd in param_dtypes(dtype):
+        run_and_compare(lay, mode, dtype, pd, gen, divisor=1.0, label=layout)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("divisor", [2.5, -0.75, 3], ids=["2.5", "-0.75", "int3"])
+@pytest.mark.parametrize("layout", ["2d-per-channel", "4d", "2d-odd-c"])
+def test_divisor(layout, divisor, mode, gen):
+    run_and_compare(LAYOUTS[layout], mode, torch.float32, torch.float32, gen, divisor=divisor, label=layout)
+    run_and_compare(LAYOUTS[layout], mode, torch.bfloat16, torch.float32, gen, divisor=divisor, label=layout)
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.1, 0.5, 1.0])
+@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
+@pytest.mark.parametrize("layout", ["2d-per-channel", "4d", "3d-odd-l"])
+def test_running_stats_momentum(layout, dtype, momentum, gen):
+    for pd in param_dtypes(dtype):
+        run_and_compare(LAYOUTS[layout], "train", dtype, pd, gen, momentum=momentum, steps=4, divisor=1.5, label=layout)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
+@pytest.mark.parametrize("layout", ["2d", "2d-per-channel", "4d", "3d-odd-l", "channels-last"])
+def test_nonfinite_input(layout, dtype, mode, gen):
+    run_and_compare(LAYOUTS[layout], mode, dtype, torch.float32, gen, nonfinite=("x",), label=f"{layout} NaN/Inf in x")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("layout", ["2d-per-channel", "4d"])
+def test_nonfinite_other(layout, mode, gen):
+    # NB: not in the weight: where a weight is +-Inf, eager's NaN placement
+    # depends on how its BN implementation (native or cuDNN) folds the affine
+    # transform, which no fused formula can match everywhere.
+    run_and_compare(
+        LAYOUTS[layout], mode, torch.float32, torch.float32, gen, nonfinite=("other",),
+        label=f"{layout} NaN/Inf in other",
+    )
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
+def test_one_value_per_channel(dtype, gen):
+    """M = 1 in training: the unbiased variance is 0/0 = NaN, as in aten."""
+    run_and_compare(Layout((1, 16), (16,)), "train", dtype, torch.float32, gen, steps=1, label="M=1")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_float64_falls_back(mode, gen):
+    run_and_compare(LAYOUTS["4d"], mode, torch.float64, torch.float64, gen, label="float64")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_float32_per_channel_other_promotes(dtype, mode, gen):
+    """A float32 per-channel `other` with a 16-bit input makes the result
+    float32 (type promotion): the composition runs it."""
+    lay = LAYOUTS["2d-per-channel"]
+    inputs = make_inputs(lay, dtype, torch.float32, gen)
+    other = inputs["other"].float()
+    f = fused_fn(mode)
+    e = eager_fn(inputs["x"], inputs["w"], inputs["b"], inputs["rm"].clone(), inputs["rv"].clone(),
+                 mode == "train", 0.1, other, 2.0)
+    o = f(inputs["x"], inputs["w"], inputs["b"], inputs["rm"].clone(), inputs["rv"].clone(),
+          mode == "train", 0.1, other, 2.0)
+    assert o.dtype == e.dtype == torch.float32
+    r = f(*(clone_to(v, torch.float64, "cpu") for v in (inputs["x"], inputs["w"], inputs["b"], inputs["rm"], inputs["rv"])),
+          mode == "train", 0.1, clone_to(other, torch.float64, "cpu"), 2.0)
+    check(o, e, r.cuda(), what=f"float32 other with {dtype} input, {mode}", dtype=torch.float32)
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
+@pytest.mark.parametrize("layout", ["2d-per-channel", "4d", "2d-odd-c"])
+def test_forward_op_contract(layout, dtype, training, gen):
+    """custom_batch_norm_add_div_swish_forward returns (out, save_mean,
+    save_invstd): float32 statistics of C elements in training, empty (0,)
+    in eval, as the CPU composite."""
+    lay = LAYOUTS[layout]
+    inp = make_inputs(lay, dtype, torch.float32, gen)
+    args = lambda d, dev: (  # noqa: E731
+        clone_to(inp["x"], d, dev), clone_to(inp["w"], d, dev), clone_to(inp["b"], d, dev),
+        clone_to(inp["rm"], d, dev), clone_to(inp["rv"], d, dev), training, 0.1, EPS,
+        clone_to(inp["other"], d, dev), 1.5,
+    )
+    poison(nbytes(inp["x"]), lay.shape[1] * 4)
+    out, mean, invstd = ops.custom_batch_norm_add_div_swish_forward(*args(None, None))
+    torch.cuda.synchronize()
+    r_out, r_mean, r_invstd = ops.custom_batch_norm_add_div_swish_forward(*args(torch.float64, "cpu"))
+    n = lay.shape[1] if training else 0
+    assert out.dtype == dtype and out.shape == lay.shape
+    assert mean.dtype == invstd.dtype == torch.float32
+    assert mean.shape == invstd.shape == (n,)
+    if training:
+        x = inp["x"].float()
+        dims = [d for d in range(x.dim()) if d != 1]
+        e_mean = x.mean(dims)
+        e_invstd = torch.rsqrt(x.var(dims, unbiased=False) + EPS)
+        check(mean, e_mean, r_mean.cuda(), what=f"{layout} {dtype}: save_mean", dtype=torch.float32)
+        check(invstd, e_invstd, r_invstd.cuda(), what=f"{layout} {dtype}: save_invstd", dtype=torch.float32)
+
+
+@pytest.mark.parametrize("mask", [(True, True, True), (True, False, False), (False, True, True), (False, False, False)],
+                         ids=["all", "input-only", "params-only", "none"])
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
+@pytest.mark.parametrize("layout", ["2d-per-channel", "4d", "3d-odd-l", "channels-last"])
+def test_backward_op_contract(layout, dtype, training, mask, gen):
+    """custom_batch_norm_add_div_swish_backward called directly: (grad_input,
+    grad_weight, grad_bias, grad_sum) with None where output_mask is false,
+    grad_sum float32 of the input's shape; values against the float64 CPU
+    op given the same statistics, with eager autograd's error as the bound."""
+    lay = LAYOUTS[layout]
+    inp = make_inputs(lay, dtype, torch.float32, gen)
+    x, w, b, other = inp["x"], inp["w"], inp["b"], inp["other"]
+    divisor = 1.5
+    gy = randn(lay.shape, gen=gen).to(dtype)
+
+    # eager: autograd through the unfused composition (in training through
+    # the batch statistics too), in float32 up to the BN output
+    xe, we, be, oe = (clone_to(v, grad=True) for v in (x, w, b, other))
+    dims = [d for d in range(x.dim()) if d != 1]
+    if training:
+        e_mean = xe.float().mean(dims)
+        e_invstd = torch.rsqrt(xe.float().var(dims, unbiased=False) + EPS)
+        mean, invstd = e_mean.detach(), e_invstd.detach()
+    else:
+        mean = inp["rm"]
+        invstd = torch.rsqrt(inp["rv"].float() + EPS)
+        e_mean, e_invstd = mean, invstd
+    shape = [1] * x.dim()
+    shape[1] = -1
+    xhat = (xe.float() - e_mean.view(shape)) * e_invstd.view(shape)
+    z = (xhat * we.float().view(shape) + be.float().view(shape)).to(dtype) + oe
+    z.retain_grad()
+    t = z / divisor
+    (t * torch.sigmoid(t)).backward(gy)
+
+    args = lambda d, dev, g: (  # noqa: E731
+        clone_to(g, d, dev), clone_to(x, d, dev), clone_to(w, d, dev), clone_to(b, d, dev),
+        clone_to(mean, d, dev), clone_to(invstd, d, dev), training, clone_to(other, d, dev), divisor, list(mask),
+    )
+    poison(nbytes(x), x.numel() * 4, lay.shape[1] * 4)
+    gi, gw, gb, gs = ops.custom_batch_norm_add_div_swish_backward(*args(None, None, gy))
+    torch.cuda.synchronize()
+    r = ops.custom_batch_norm_add_div_swish_backward(*args(torch.float64, "cpu", gy))
+    what = f"{layout} {dtype} training={training} mask={mask} [seed {SEED}]"
+    assert gs.dtype == torch.float32 and gs.shape == lay.shape, what
+    check(gs, z.grad.float(), r[3].cuda().float(), what=f"{what}: grad_sum", dtype=dtype)
+    for got, want, ref, on, name in ((gi, xe.grad, r[0], mask[0], "grad_input"),
+                                     (gw, we.grad, r[1], mask[1], "grad_weight"),
+                                     (gb, be.grad, r[2], mask[2], "grad_bias")):
+        if not on:
+            assert got is None, f"{what}: {name} should be None"
+            continue
+        assert got is not None, f"{what}: {name} missing"
+        if name == "grad_input":
+            assert got.dtype == dtype and got.shape == lay.shape, what
+        else:
+            assert got.dtype == torch.float32 and got.shape == (lay.shape[1],), what
+        check(got.float(), want.float(), ref.cuda().float(), what=f"{what}: {name}", dtype=dtype)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", [(0, 8), (0, 8, 3), (4, 8, 0)], ids=["0x8", "0x8x3", "4x8x0"])
+def test_empty_input(shape, mode, gen):
+    x = torch.empty(shape, device="cuda")
+    w, b = torch.rand(8, device="cuda"), torch.rand(8, device="cuda")
+    rm, rv = torch.zeros(8, device="cuda"), torch.ones(8, device="cuda")
+    other = torch.ones(1, device="cuda")
+    out = fused_fn(mode)(x, w, b, rm, rv, mode == "train", 0.1, other, 2.0)
+    assert out.shape == shape
+    assert torch.equal(rm, torch.zeros(8, device="cuda")) and torch.equal(rv, torch.ones(8, device="cuda"))
