@@ -146,8 +146,8 @@ def _optimize(scripted, freeze=False):
 
 def _check_same(ref, opt, inputs, frozen=False):
     """Outputs, input gradients and parameter gradients match."""
-    ins_a = [i.clone().requires_grad_(i.is_floating_point()) if isinstance(i, torch.Tensor) else i for i in inputs]
-    ins_b = [i.clone().requires_grad_(i.is_floating_point()) if isinstance(i, torch.Tensor) else i for i in inputs]
+    ins_a = [i.detach().clone().requires_grad_(i.is_floating_point()) if isinstance(i, torch.Tensor) else i for i in inputs]
+    ins_b = [i.detach().clone().requires_grad_(i.is_floating_point()) if isinstance(i, torch.Tensor) else i for i in inputs]
     out_a, out_b = ref(*ins_a), opt(*ins_b)
     torch.testing.assert_close(out_b, out_a)
     if not out_a.requires_grad:
