@@ -486,6 +486,21 @@ SANITIZER_CASE = textwrap.dedent(
             dx = ops.custom_relu_backward(torch.randn_like(y), mask)
             xg = x[:n].clone().requires_grad_(True)
             ops.custom_relu(xg).backward(torch.randn_like(xg))
+    # the other ops (CUDA kernels or ATen compositions), forward and backward,
+    # with odd sizes
+    for dtype in (torch.float32, torch.float16):
+        def leaf(*shape):
+            return torch.randn(*shape, device="cuda", dtype=dtype).requires_grad_(True)
+        x, w, b, o = leaf(5, 33), leaf(7, 33), leaf(7), leaf(5, 7)
+        ops.custom_linear_add_relu(x, w, b, o, 1.0).sum().backward()
+        x, w, b, o = leaf(2, 3, 9, 11), leaf(4, 3, 3, 3), leaf(4), leaf(4, 1, 1)
+        ops.custom_conv_relu_add(x, w, b, [1, 1], [1, 1], [1, 1], 1, o, 1.0).sum().backward()
+        for shape in ((37, 19), (3, 19, 5, 7)):
+            x, g, bb, o = leaf(*shape), leaf(19), leaf(19), leaf(1)
+            rm = torch.zeros(19, device="cuda", dtype=dtype)
+            rv = torch.ones(19, device="cuda", dtype=dtype)
+            ops.custom_batch_norm_add_div_swish(x, g, bb, rm, rv, True, 0.1, 1e-5, o, 2.0).sum().backward()
+            ops.custom_batch_norm_add_div_swish_eval(x, g, bb, rm, rv, 1e-5, o, 2.0).sum().backward()
     torch.cuda.synchronize()
     print("SANITIZER_CASE_DONE")
     """
@@ -502,9 +517,10 @@ def _compute_sanitizer():
     return None
 
 
-def test_compute_sanitizer_memcheck_relu(tmp_path):
-    """memcheck over small cases of every real CUDA kernel (today the
-    custom_relu forward, forward-with-mask and backward kernels)."""
+def test_compute_sanitizer_memcheck(tmp_path):
+    """memcheck over small cases of every op on CUDA: the custom_relu
+    forward, forward-with-mask and backward kernels on all their paths, and
+    each other op forward and backward, whatever runs it."""
     tool = _compute_sanitizer()
     if tool is None:
         pytest.skip("compute-sanitizer not found on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin")
