@@ -1,8 +1,8 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "ops/common/relu_mask.h"
 #include "ops/conv_relu_add.h"
+#include "ops/relu.h"
 
 namespace torchfuse::ops {
 namespace {
@@ -58,9 +58,10 @@ std::tuple<at::Tensor, at::Tensor> convReluAddForwardComposite(
     const at::Tensor& other,
     const at::Scalar& alpha) {
   checkConvReluAddInputs(input, weight, bias, stride, padding, dilation, groups, other);
-  const auto activated =
-      at::relu(convolve(input, weight, bias, stride, padding, dilation, groups));
-  return {at::add(activated, other, alpha), packReluMask(reluKeep(activated))};
+  // NB: the mask comes from custom_relu's own kernels (the fast ones on CUDA).
+  auto [activated, mask] =
+      reluForwardMask(convolve(input, weight, bias, stride, padding, dilation, groups));
+  return {at::add(activated, other, alpha), mask};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackwardComposite(
@@ -75,8 +76,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackwardComposite(
     std::array<bool, 3> output_mask) {
   const auto conv_sizes = convOutputSizes(input, weight, stride, padding, dilation);
   // `other` may broadcast the result beyond the conv output's shape.
-  auto grad = grad_output.sum_to_size(conv_sizes).to(input.scalar_type());
-  grad = grad.masked_fill(unpackReluMask(mask, conv_sizes).logical_not(), 0);
+  const auto grad = reluBackward(
+      grad_output.sum_to_size(conv_sizes).to(input.scalar_type()), mask);
   const bool batched = input.dim() == weight.dim();
   const int64_t spatial = weight.dim() - 2;
   const std::vector<int64_t> bias_sizes{weight.size(0)};
