@@ -41,9 +41,10 @@ def cli():
     return _cli_path()
 
 
-def run(cli, *args, timeout=300):
+def run(cli, *args, timeout=300, env=None):
     return subprocess.run(
-        [str(cli), *map(str, args)], capture_output=True, text=True, timeout=timeout
+        [str(cli), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+        env=env,
     )
 
 
@@ -235,9 +236,20 @@ def test_check_in_float64(cli, tmp_path):
 
 def test_long_check_shows_progress(cli, tmp_path):
     src = save_scripted(SlowNet(), tmp_path / "slow.pt")
-    proc = run(cli, src, tmp_path / "out.pt", "--check", "--input-shape", "512x512")
+    # NB: progress starts after a delay; zero it so the test does not depend
+    # on how fast this machine runs the model.
+    env = dict(os.environ, OPTIMIZE_MODEL_PROGRESS_AFTER_S="0")
+    proc = run(cli, src, tmp_path / "out.pt", "--check", "--input-shape", "512x512", env=env)
     assert proc.returncode == EXIT_OK, proc.stderr
     assert "optimize-model: checking: " in proc.stderr, proc.stderr
+
+
+def test_short_check_shows_no_progress(cli, tmp_path):
+    src = save_scripted(SlowNet(), tmp_path / "slow.pt")
+    env = dict(os.environ, OPTIMIZE_MODEL_PROGRESS_AFTER_S="3600")
+    proc = run(cli, src, tmp_path / "out.pt", "--check", "--input-shape", "512x512", env=env)
+    assert proc.returncode == EXIT_OK, proc.stderr
+    assert "checking:" not in proc.stderr, proc.stderr
 
 
 def test_passes_selects_the_passes(cli, tmp_path):

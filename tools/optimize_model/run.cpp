@@ -1,3 +1,4 @@
+#include <cstdlib>
 #include "tools/optimize_model/run.h"
 
 #include <torch/cuda.h>
@@ -25,19 +26,33 @@ double since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Progress of a long check on stderr: silent for the first second, then one
-// line rewritten in place on a terminal, or a line every few seconds in logs.
+// Progress of a long check on stderr: silent for the first second (or
+// $OPTIMIZE_MODEL_PROGRESS_AFTER_S), then one line rewritten in place on a
+// terminal, or a line every few seconds in logs.
+double progressDelay() {
+  const char* env = std::getenv("OPTIMIZE_MODEL_PROGRESS_AFTER_S");
+  if (env == nullptr) {
+    return 1.0;
+  }
+  char* end = nullptr;
+  const double value = std::strtod(env, &end);
+  return end != env && value >= 0 ? value : 1.0;
+}
+
 class Progress {
  public:
   explicit Progress(bool enabled)
-      : enabled_(enabled), tty_(::isatty(STDERR_FILENO) == 1), start_(Clock::now()) {}
+      : enabled_(enabled),
+        tty_(::isatty(STDERR_FILENO) == 1),
+        delay_(progressDelay()),
+        start_(Clock::now()) {}
   ~Progress() {
     if (tty_ && shown_) {
       std::cerr << "\r\033[K" << std::flush;
     }
   }
   void operator()(const std::string& what) {
-    if (!enabled_ || since(start_) < 1.0) {
+    if (!enabled_ || since(start_) < delay_) {
       return;
     }
     const double every = tty_ ? 0.2 : 5.0;
@@ -58,6 +73,7 @@ class Progress {
  private:
   bool enabled_;
   bool tty_;
+  double delay_;
   bool shown_ = false;
   Clock::time_point start_;
   Clock::time_point last_;
