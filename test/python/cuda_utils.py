@@ -75,7 +75,9 @@ def assert_close_to_reference(
     what: str,
     floor: Optional[float] = None,
 ) -> None:
-    """fused vs eager vs a float64 reference, as described in the module doc."""
+    """fused vs eager vs a float64 reference, as described in the module doc.
+    The reference may live on another device (a float64 CPU run)."""
+    ref = ref.detach().to(fused.device)
     assert fused.shape == eager.shape, f"{what}: shape {tuple(fused.shape)} != eager {tuple(eager.shape)}"
     assert fused.dtype == eager.dtype, f"{what}: dtype {fused.dtype} != eager {eager.dtype}"
     assert fused.device == eager.device, f"{what}: device {fused.device} != eager {eager.device}"
