@@ -125,8 +125,13 @@ def check_against_eager(
     torch.cuda.synchronize()
     assert_close_to_reference(fused_out, eager_out, ref_out, what=f"{label}: output")
 
+    # NB: a channel holding an Inf gets a non-finite running statistic, but
+    # whether a Welford reduction yields +-Inf or NaN depends on where the Inf
+    # falls in its merge order, which differs between any two launch
+    # configurations; only finite vs non-finite is specified.
     for k in state:
-        assert_close_to_reference(fused_in[k], eager_in[k], ref_in[k], what=f"{label}: {k} after the call")
+        assert_close_to_reference(fused_in[k], eager_in[k], ref_in[k],
+                                  what=f"{label}: {k} after the call", any_nonfinite=True)
 
     if backward and grad:
         ref_out.backward(gy.to(torch.float64))
