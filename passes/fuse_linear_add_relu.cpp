@@ -82,19 +82,7 @@ bool rewrite(torch::jit::Graph& graph, const Match& m) {
 } // namespace
 
 int64_t FuseLinearAddRelu(std::shared_ptr<torch::jit::Graph>& graph) {
-  std::vector<Match> matches;
-  {
-    AliasDb db(graph);
-    forEachNode(graph->block(), [&](Node* n) {
-      if (auto m = matchAt(n, db)) {
-        matches.push_back(*m);
-      }
-    });
-  }
-  int64_t fused = 0;
-  for (const auto& m : matches) {
-    fused += rewrite(*graph, m) ? 1 : 0;
-  }
+  const int64_t fused = fuseAll(graph, matchAt, rewrite);
   GRAPH_DUMP("After FuseLinearAddRelu", graph);
   return fused;
 }

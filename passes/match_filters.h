@@ -9,7 +9,9 @@
 
 #include <functional>
 #include <initializer_list>
+#include <memory>
 #include <optional>
+#include <type_traits>
 #include <vector>
 
 namespace torchfuse::passes {
@@ -117,5 +119,31 @@ Node* replaceWithFusedOp(
 void forEachNode(Block* block, const std::function<void(Node*)>& fn);
 // Counts nodes the same way.
 int64_t countNodes(Block* block);
+
+// Runs a fusion: finds every match on the unmodified graph (one AliasDb,
+// matches never overlap), then rewrites them.  matchAt(Node*, const AliasDb&)
+// returns std::optional<Match>; rewrite(Graph&, const Match&) returns whether
+// the rewrite took.  Returns the number of chains fused.
+template <typename MatchFn, typename RewriteFn>
+int64_t fuseAll(
+    std::shared_ptr<torch::jit::Graph>& graph,
+    MatchFn matchAt,
+    RewriteFn rewrite) {
+  using Match = typename std::invoke_result_t<MatchFn, Node*, const AliasDb&>::value_type;
+  std::vector<Match> matches;
+  {
+    AliasDb db(graph);
+    forEachNode(graph->block(), [&](Node* n) {
+      if (auto m = matchAt(n, db)) {
+        matches.push_back(*m);
+      }
+    });
+  }
+  int64_t fused = 0;
+  for (const auto& m : matches) {
+    fused += rewrite(*graph, m) ? 1 : 0;
+  }
+  return fused;
+}
 
 } // namespace torchfuse::passes
