@@ -232,27 +232,14 @@ __device__ __forceinline__ float sigmoidOf(float t) {
 }
 
 // g_bn = dout * s' * (1 + t (1 - s')) / d, with t recomputed from x.
-// NB: for float32 the recomputation runs in double: rounding t and s' in
-// float32 again costs about as much error as eager's whole backward, and sums
-// of g_bn (the gradient of `other`) would double it.  The kernel is
-// bandwidth-bound, so the FP64 arithmetic is free on sm_90.
 template <typename T>
 __device__ __forceinline__ float
 swishGrad(float g, float x, const ChannelCoef& cf, float inv_d, float* xm_out) {
-  if constexpr (std::is_same_v<T, float>) {
-    const double xm = static_cast<double>(x) - cf.mu;
-    const double t = fma(xm, static_cast<double>(cf.a), static_cast<double>(cf.k));
-    const double s = 1.0 / (1.0 + exp(-t));
-    *xm_out = static_cast<float>(xm);
-    return static_cast<float>(
-        static_cast<double>(g) * s * (1.0 + t * (1.0 - s)) * static_cast<double>(inv_d));
-  } else {
-    const float xm = x - cf.mu;
-    const float t = fmaf(xm, cf.a, cf.k);
-    const float s = sigmoidOf<T>(t);
-    *xm_out = xm;
-    return g * s * (1.f + t * (1.f - s)) * inv_d;
-  }
+  const float xm = x - cf.mu;
+  const float t = fmaf(xm, cf.a, cf.k);
+  const float s = sigmoidOf<T>(t);
+  *xm_out = xm;
+  return g * s * (1.f + t * (1.f - s)) * inv_d;
 }
 
 // ------------------------------------------------------- reductions ----
