@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 import zlib
 
 import pytest
@@ -96,8 +97,12 @@ def reference(x, w, b, other, alpha):
 
 def ran_linear(fn) -> bool:
     """Whether fn() called aten::linear (the composite's path)."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        fn()
+    # NB: the profiler warns that it clears events between cycles, which the
+    # suite's filterwarnings=error would turn into a failure.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Profiler clears events")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            fn()
     return any(e.name == "aten::linear" for e in prof.events())
 
 
@@ -167,7 +172,8 @@ def test_forward_half(case, dname):
     w = randn((n, shape[-1]), g, dtype, scale=shape[-1] ** -0.5)
     b = randn((n,), g, dtype) if has_bias else None
     other = other_tensor(other_kind, shape[:-1] + (n,), n, g, dtype)
-    check_forward(x, w, b, other, alpha, dtype, f"{dname} {case_id(case)}", fast)
+    # 16-bit inputs take the composite (ops/cuda/linear_add_relu_kernel.cpp).
+    check_forward(x, w, b, other, alpha, dtype, f"{dname} {case_id(case)}", expect_fast=False)
 
 
 @pytest.mark.parametrize("dname", ["fp32", "fp16", "bf16"])
