@@ -13,6 +13,7 @@
 #include "ops/batch_norm_add_div_swish.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/ScalarType.h>
 #include <torch/library.h>
 
 #include "ops/common/checks.h"
@@ -144,6 +145,15 @@ void checkBatchNormAddDivSwishInputs(
 
 at::ScalarType batchNormOpmathType(at::ScalarType input) {
   return input == at::kHalf || input == at::kBFloat16 ? at::kFloat : input;
+}
+
+// NB: float32 inputs get a float64 backward.  Its per-channel sums and the
+// gradient of `other` (a sum over every element) cancel heavily; computed in
+// float32 in another order than eager's, they missed the bound of 2x eager's
+// error against float64 for some seeds on an H200.
+at::ScalarType batchNormBackwardType(at::ScalarType input, at::ScalarType grad_output) {
+  const auto base = input == at::kHalf || input == at::kBFloat16 ? at::kFloat : at::kDouble;
+  return c10::promoteTypes(base, grad_output);
 }
 
 at::Tensor batchNormAddDivSwishEval(

@@ -18,8 +18,12 @@ void checkBatchNormAddDivSwishInputs(
     const at::Tensor& other,
     const at::Scalar& divisor);
 
-// The dtype of the saved statistics and of the backward's arithmetic.
+// The dtype of the saved statistics.
 at::ScalarType batchNormOpmathType(at::ScalarType input);
+
+// The dtype of the backward's arithmetic and of its grad_sum output: float32
+// for 16-bit inputs, float64 otherwise, promoted with grad_output's dtype.
+at::ScalarType batchNormBackwardType(at::ScalarType input, at::ScalarType grad_output);
 
 // Reference kernels: ATen compositions that run on any device.
 at::Tensor batchNormAddDivSwishComposite(

@@ -39,7 +39,7 @@ variable_list backwardFromSaved(
   at::Tensor invstd = saved[5];
   if (!training) {
     // saved[4], saved[5] are the running statistics.
-    invstd = invstd.to(batchNormOpmathType(input.scalar_type()))
+    invstd = invstd.to(batchNormBackwardType(input.scalar_type(), grad_output.scalar_type()))
                  .add(ctx->saved_data["eps"].toDouble())
                  .rsqrt();
   }

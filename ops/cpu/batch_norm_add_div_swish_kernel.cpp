@@ -102,8 +102,8 @@ batchNormAddDivSwishBackwardComposite(
     const at::Tensor& other,
     const at::Scalar& divisor,
     std::array<bool, 3> output_mask) {
-  const auto ct = at::promote_types(
-      batchNormOpmathType(input.scalar_type()), grad_output.scalar_type());
+  const auto ct =
+      batchNormBackwardType(input.scalar_type(), grad_output.scalar_type());
   const int64_t dim = input.dim();
   std::vector<int64_t> reduce_dims;
   for (int64_t d = 0; d < dim; ++d) {

@@ -84,8 +84,8 @@ batchNormAddDivSwishBackwardMeta(
     const at::Tensor& other,
     const at::Scalar& divisor,
     std::array<bool, 3> output_mask) {
-  const auto ct = at::promote_types(
-      batchNormOpmathType(input.scalar_type()), grad_output.scalar_type());
+  const auto ct =
+      batchNormBackwardType(input.scalar_type(), grad_output.scalar_type());
   const auto channel = at::empty_symint({input.sym_size(1)}, input.options().dtype(ct));
   return {
       output_mask[0] ? at::empty_like(input) : at::Tensor(),
