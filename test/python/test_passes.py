@@ -520,3 +520,28 @@ def test_filters_prevent_fusion(model, inputs, kind):
     b = [t.clone() for t in a]
     with torch.no_grad():
         torch.testing.assert_close(opt(*b), ref(*a))
+
+
+class ReluInPlaceOnBuffer(nn.Module):  # isFreshUnaliasedTensor
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("state", torch.randn(4))
+
+    def forward(self, x):
+        return x + self.state.relu_()
+
+
+def test_relu_inplace_on_a_buffer_stays_inplace():
+    """relu_ writes module state here: made functional, the buffer would keep
+    its negative values."""
+    torch.manual_seed(0)
+    m = ReluInPlaceOnBuffer()
+    ref = torch.jit.script(copy.deepcopy(m))
+    opt = _optimize(torch.jit.script(m))
+    assert torchfuse.report(opt)["relu"] == 0
+    FileCheck().check("aten::relu_").check_not("torchfuse::custom_relu").run(opt.graph)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), ref(x))
+    assert bool((opt.state >= 0).all()) and bool((m.state < 0).any())
+    torch.testing.assert_close(opt.state, ref.state)
