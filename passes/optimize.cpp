@@ -8,6 +8,7 @@
 #include <torch/csrc/jit/passes/dead_code_elimination.h>
 #include <torch/csrc/jit/passes/freeze_module.h>
 #include <torch/csrc/jit/passes/inliner.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 
 #include <algorithm>
 
@@ -75,20 +76,30 @@ torch::jit::Module optimize(
   }
   forwardGraph(module);  // checks there is a forward before cloning
 
-  // NB: both paths give the result its own class type and method graphs: the
-  // caller's module, and other instances sharing its type, keep theirs.
-  // freeze_module (not torch::jit::freeze) keeps BatchNorm nodes: the frozen
-  // graph optimizations would fold them into a preceding conv/linear.
-  torch::jit::Module result;
+  // NB: Inline (ours, and freeze_module's) inserts each callee's
+  // optimized_graph(), which is itself inlined only while the graph
+  // executor's optimization is on: under torch.jit.optimized_execution(False)
+  // nested calls would survive, nothing inside a submodule would fuse, and
+  // freeze_module would leave calls to methods it removes.  The functions of
+  // the clone below are fresh, so their optimized graphs are built under
+  // this guard.
+  torch::jit::GraphOptimizerEnabledGuard optimizer_enabled(true);
+
+  // NB: the clone gives the result its own class type, method graphs and
+  // tensors: the caller's module, and other instances sharing its type, keep
+  // theirs.  freeze_module (not torch::jit::freeze) keeps BatchNorm nodes:
+  // the frozen graph optimizations would fold them into a preceding layer.
+  TORCH_CHECK(
+      !options.freeze || !module.is_training(),
+      "torchfuse::optimize: freeze=True needs a module in eval mode; call "
+      ".eval() first");
+  torch::jit::Module result = module.clone();
+  makeParametersLeaves(result);
   if (options.freeze) {
-    TORCH_CHECK(
-        !module.is_training(),
-        "torchfuse::optimize: freeze=True needs a module in eval mode; call "
-        ".eval() first");
-    result = torch::jit::freeze_module(module);
-  } else {
-    result = module.clone();
-    makeParametersLeaves(result);
+    // NB: freeze_module clones in place: attributes the forward writes (a
+    // buffer's add_, a training-mode BN's statistics) stay attributes that
+    // share their tensors with its argument, so freeze our own copy.
+    result = torch::jit::freeze_module(result);
   }
 
   auto graph = forwardGraph(result);

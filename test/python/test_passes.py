@@ -362,6 +362,45 @@ def test_optimize_leaves_original_and_sibling_instances_untouched():
     torch.testing.assert_close(opt(x, r), a(x, r))
 
 
+class WritesBuffer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("count", torch.zeros(3))
+
+    def forward(self, x):
+        self.count.add_(1.0)
+        return torch.relu(x + self.count)
+
+
+def test_frozen_result_does_not_share_written_buffers():
+    """freeze_module keeps a written buffer as an attribute that shares its
+    tensor with the module it was given; optimize freezes its own copy."""
+    src = torch.jit.script(WritesBuffer().eval())
+    ref = torch.jit.script(WritesBuffer().eval())
+    opt = _optimize(src, freeze=True)
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        for _ in range(2):
+            torch.testing.assert_close(opt(x), ref(x))
+    torch.testing.assert_close(src.count, torch.zeros(3))
+    torch.testing.assert_close(opt.count, torch.full((3,), 2.0))
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_optimize_does_not_depend_on_executor_optimization(freeze):
+    """Inline takes callees' optimized graphs, which are inlined only while
+    the executor optimizes; under optimized_execution(False) the calls
+    inside submodules would stay (unfused, or freeze_module raising)."""
+    torch.manual_seed(0)
+    ref, src = _twin(BnSwish().train(not freeze), torch.float32)
+    with torch.jit.optimized_execution(False):
+        src(torch.randn(8, 4))  # caches the submodules' unoptimized graphs
+        opt = _optimize(src, freeze=freeze)
+    assert torchfuse.report(opt)["batch_norm_add_div_swish"] == 1
+    opt_again = _optimize(src, freeze=freeze)
+    assert torchfuse.report(opt_again)["batch_norm_add_div_swish"] == 1
+
+
 def test_optimize_rejects_bad_arguments():
     with pytest.raises(TypeError, match="torch.jit.script"):
         torchfuse.optimize(LinearAddRelu())
