@@ -38,7 +38,7 @@ TORCH_LIBRARY_FRAGMENT(torchfuse, m) {
       "custom_batch_norm_add_div_swish_backward(Tensor grad_output, "
       "Tensor input, Tensor? weight, Tensor? bias, Tensor mean, "
       "Tensor invstd, bool training, Tensor other, Scalar divisor, "
-      "bool[3] output_mask) -> (Tensor, Tensor, Tensor, Tensor)");
+      "bool[4] output_mask) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 namespace torchfuse {
@@ -57,7 +57,7 @@ using ForwardSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
 using BackwardSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&,
     const at::Tensor&, const at::Tensor&, bool, const at::Tensor&,
-    const at::Scalar&, std::array<bool, 3>);
+    const at::Scalar&, std::array<bool, 4>);
 } // namespace
 
 at::Tensor custom_batch_norm_add_div_swish(
@@ -147,10 +147,12 @@ at::ScalarType batchNormOpmathType(at::ScalarType input) {
   return input == at::kHalf || input == at::kBFloat16 ? at::kFloat : input;
 }
 
-// NB: float32 inputs get a float64 backward.  Its per-channel sums and the
-// gradient of `other` (a sum over every element) cancel heavily; computed in
-// float32 in another order than eager's, they missed the bound of 2x eager's
-// error against float64 for some seeds on an H200.
+// NB: float32 inputs get float64 backward sums (the composite computes in
+// float64 throughout; the CUDA kernels accumulate in float64).  The
+// per-channel sums and the gradient of `other` (a sum over every element)
+// cancel heavily; computed in float32 in another order than eager's, they
+// missed the bound of 2x eager's error against float64 for some seeds on an
+// H200.
 at::ScalarType batchNormBackwardType(at::ScalarType input, at::ScalarType grad_output) {
   const auto base = input == at::kHalf || input == at::kBFloat16 ? at::kFloat : at::kDouble;
   return c10::promoteTypes(base, grad_output);
@@ -203,7 +205,7 @@ batchNormAddDivSwishBackward(
     bool training,
     const at::Tensor& other,
     const at::Scalar& divisor,
-    std::array<bool, 3> output_mask) {
+    std::array<bool, 4> output_mask) {
   static auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("torchfuse::custom_batch_norm_add_div_swish_backward", "")

@@ -21,8 +21,9 @@ void checkBatchNormAddDivSwishInputs(
 // The dtype of the saved statistics.
 at::ScalarType batchNormOpmathType(at::ScalarType input);
 
-// The dtype of the backward's arithmetic and of its grad_sum output: float32
-// for 16-bit inputs, float64 otherwise, promoted with grad_output's dtype.
+// The dtype of the backward's sums and of its grad_weight, grad_bias and
+// grad_other outputs: float32 for 16-bit inputs, float64 otherwise, promoted
+// with grad_output's dtype.
 at::ScalarType batchNormBackwardType(at::ScalarType input, at::ScalarType grad_output);
 
 // Reference kernels: ATen compositions that run on any device.
@@ -64,8 +65,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForwardCompos
 
 // mean and invstd are the batch statistics (training) or the running mean and
 // 1/sqrt(running_var + eps) (eval).  Returns (grad_input, grad_weight,
-// grad_bias, grad_sum), the last being the gradient of `batch_norm + other`,
-// which the caller reduces to other's shape.
+// grad_bias, grad_other), each undefined where output_mask is false;
+// grad_other has other's shape (the gradient of `batch_norm + other` summed
+// to it).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 batchNormAddDivSwishBackwardComposite(
     const at::Tensor& grad_output,
@@ -77,7 +79,7 @@ batchNormAddDivSwishBackwardComposite(
     bool training,
     const at::Tensor& other,
     const at::Scalar& divisor,
-    std::array<bool, 3> output_mask);
+    std::array<bool, 4> output_mask);
 
 at::Tensor batchNormAddDivSwishEval(
     const at::Tensor& input,
@@ -112,6 +114,6 @@ batchNormAddDivSwishBackward(
     bool training,
     const at::Tensor& other,
     const at::Scalar& divisor,
-    std::array<bool, 3> output_mask);
+    std::array<bool, 4> output_mask);
 
 } // namespace torchfuse::ops

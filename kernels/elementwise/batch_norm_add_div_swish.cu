@@ -10,7 +10,10 @@
 //
 // * Reductions (training statistics; backward sums) write one partial per
 //   (split, channel) to the workspace; a one-thread-per-channel kernel merges
-//   the splits in float64 and derives per-channel coefficients.
+//   the splits in float64 and derives per-channel coefficients.  The
+//   statistics are float32 Welford (shifted, see statsShiftIndex) up to the
+//   split partials; the backward sums are float64 from each thread's
+//   accumulator on (see ReduceAcc).
 //   - l == 1 ("columns"): x is an (n, c) matrix.  A thread owns V adjacent
 //     columns (one 16-byte vector) and walks rows, so a warp reads contiguous
 //     memory; 8 row groups per block are merged through shared memory and the
@@ -20,7 +23,8 @@
 //     (l % V == 0), then reduces across the block with warp shuffles.
 // * Elementwise passes read the per-channel coefficients from the workspace.
 //
-// Workspace (floats): 8 * c coefficients, then 2 * splits * c partials.
+// Workspace: 8 * c float coefficients, c double per-channel sums of g_bn,
+// then 2 * splits * c partials (float or double, see ReduceAcc).
 
 namespace torchfuse::kernels {
 namespace {
@@ -244,6 +248,17 @@ swishGrad(float g, float x, const ChannelCoef& cf, float inv_d, float* xm_out) {
 
 // ------------------------------------------------------- reductions ----
 
+// NB: the backward's sums accumulate in float64 from the thread level on.
+// They cancel heavily (g_bn is signed), and the gradient of a one-element
+// `other` sums g_bn over every element: float32 accumulators lost enough
+// digits there to exceed eager's error against float64.  Each thread adds
+// the float32 sum of its kUnroll-row chunk to its double accumulator, so the
+// FP64 work (and the float -> double conversions) stay a small fraction of
+// a memory-bound pass.  The forward statistics stay float32 (shifted
+// Welford), whose error is relative to the spread of a channel.
+template <bool kBwd>
+using ReduceAcc = std::conditional_t<kBwd, double, float>;
+
 // kBwd == false: Welford (mean, m2) of x per column.
 // kBwd == true:  (sum g_bn, sum g_bn * xhat) per column.
 template <typename T, int V, bool kBwd>
@@ -255,8 +270,9 @@ __global__ void __launch_bounds__(kColX* kColY) columnReduceKernel(
     int64_t per,
     const float* __restrict__ coef,
     float inv_d,
-    float* __restrict__ part0,
-    float* __restrict__ part1) {
+    ReduceAcc<kBwd>* __restrict__ part0,
+    ReduceAcc<kBwd>* __restrict__ part1) {
+  using Acc = ReduceAcc<kBwd>;
   const int tx = threadIdx.x;
   const int ty = threadIdx.y;
   const int64_t col = int64_t(blockIdx.x) * kColX + tx;  // vector column
@@ -264,11 +280,11 @@ __global__ void __launch_bounds__(kColX* kColY) columnReduceKernel(
   const int64_t r0 = int64_t(blockIdx.y) * per;
   const int64_t r1 = r0 + per < n ? r0 + per : n;
 
-  float s0[V], s1[V];
+  Acc s0[V], s1[V];
 #pragma unroll
   for (int k = 0; k < V; ++k) {
-    s0[k] = 0.f;
-    s1[k] = 0.f;
+    s0[k] = Acc(0);
+    s1[k] = Acc(0);
   }
   int cnt = 0;
   // Forward: Welford of x - shift_c, shift_c = x[0, c] (see statsShift).
@@ -306,6 +322,7 @@ __global__ void __launch_bounds__(kColX* kColY) columnReduceKernel(
           }
         }
       }
+      float c0[kBwd ? V : 1] = {}, c1[kBwd ? V : 1] = {};
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (r + u * kColY < r1) {
@@ -325,17 +342,24 @@ __global__ void __launch_bounds__(kColX* kColY) columnReduceKernel(
               float xm;
               const float gb =
                   swishGrad<T>(toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf[k], inv_d, &xm);
-              s0[k] += gb;
-              s1[k] += gb * (xm * cf[k].invstd);
+              c0[k] += gb;
+              c1[k] += gb * (xm * cf[k].invstd);
             }
           }
+        }
+      }
+      if constexpr (kBwd) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+          s0[k] += c0[k];
+          s1[k] += c1[k];
         }
       }
     }
   }
 
-  __shared__ float sh0[kColY][kColX * V];
-  __shared__ float sh1[kColY][kColX * V];
+  __shared__ Acc sh0[kColY][kColX * V];
+  __shared__ Acc sh1[kColY][kColX * V];
   __shared__ int shn[kColY][kColX];
 #pragma unroll
   for (int k = 0; k < V; ++k) {
@@ -349,7 +373,7 @@ __global__ void __launch_bounds__(kColX* kColY) columnReduceKernel(
   }
 #pragma unroll
   for (int k = 0; k < V; ++k) {
-    float a0 = s0[k], a1 = s1[k];
+    Acc a0 = s0[k], a1 = s1[k];
     float na = static_cast<float>(cnt);
     for (int j = 1; j < kColY; ++j) {
       if constexpr (kBwd) {
@@ -377,12 +401,13 @@ __global__ void __launch_bounds__(kThreads) planeReduceKernel(
     int64_t per,
     const float* __restrict__ coef,
     float inv_d,
-    float* __restrict__ part0,
-    float* __restrict__ part1) {
+    ReduceAcc<kBwd>* __restrict__ part0,
+    ReduceAcc<kBwd>* __restrict__ part1) {
+  using Acc = ReduceAcc<kBwd>;
   const int64_t ch = blockIdx.x;
   const int64_t e0 = int64_t(blockIdx.y) * per;
   const int64_t e1 = e0 + per < m ? e0 + per : m;
-  float a0 = 0.f, a1 = 0.f;  // (mean, m2) or (sum g_bn, sum g_bn * xhat)
+  Acc a0 = 0, a1 = 0;  // (mean, m2) or (sum g_bn, sum g_bn * xhat)
   float cnt = 0.f;
   float shift = 0.f;
   if constexpr (!kBwd) {
@@ -408,6 +433,7 @@ __global__ void __launch_bounds__(kThreads) planeReduceKernel(
         }
       }
     }
+    float c0 = 0.f, c1 = 0.f;  // this chunk's backward sums
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (e + u * kStep < e1) {
@@ -437,19 +463,23 @@ __global__ void __launch_bounds__(kThreads) planeReduceKernel(
             float xm;
             const float gb =
                 swishGrad<T>(toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf, inv_d, &xm);
-            a0 += gb;
-            a1 += gb * (xm * cf.invstd);
+            c0 += gb;
+            c1 += gb * (xm * cf.invstd);
           }
         }
       }
+    }
+    if constexpr (kBwd) {
+      a0 += c0;
+      a1 += c1;
     }
   }
 
   // Block reduction: warps by shuffles, then the kWarps warp results.
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) {
-    const float b0 = __shfl_down_sync(0xffffffffu, a0, offset);
-    const float b1 = __shfl_down_sync(0xffffffffu, a1, offset);
+    const Acc b0 = __shfl_down_sync(0xffffffffu, a0, offset);
+    const Acc b1 = __shfl_down_sync(0xffffffffu, a1, offset);
     if constexpr (kBwd) {
       a0 += b0;
       a1 += b1;
@@ -458,12 +488,13 @@ __global__ void __launch_bounds__(kThreads) planeReduceKernel(
       welfordMerge(cnt, a0, a1, nb, b0, b1);
     }
   }
-  __shared__ float sh[3][kWarps];
+  __shared__ Acc sh[2][kWarps];
+  __shared__ float shn[kWarps];
   const int warp = threadIdx.x / 32;
   if ((threadIdx.x & 31) == 0) {
     sh[0][warp] = a0;
     sh[1][warp] = a1;
-    sh[2][warp] = cnt;
+    shn[warp] = cnt;
   }
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -472,7 +503,7 @@ __global__ void __launch_bounds__(kThreads) planeReduceKernel(
         a0 += sh[0][w];
         a1 += sh[1][w];
       } else {
-        welfordMerge(cnt, a0, a1, sh[2][w], sh[0][w], sh[1][w]);
+        welfordMerge(cnt, a0, a1, shn[w], sh[0][w], sh[1][w]);
       }
     }
     part0[int64_t(blockIdx.y) * c + ch] = a0;
@@ -579,14 +610,18 @@ __global__ void coefFromStatsKernel(
       coef, c, ch, static_cast<float>(loadChannel(mean, ch, 0.0)), invstd, aff);
 }
 
+// Merges the splits' partials in split order; writes the parameter
+// gradients, each channel's sum of g_bn (for a one-element `other`) and the
+// coefficients q = sum g_bn / M, r = sum g_bn * xhat / M.
 __global__ void backwardSumsFinalizeKernel(
-    const float* __restrict__ part0,
-    const float* __restrict__ part1,
+    const double* __restrict__ part0,
+    const double* __restrict__ part1,
     int64_t c,
     int64_t splits,
     int64_t m,
-    float* __restrict__ grad_weight,
-    float* __restrict__ grad_bias,
+    BnParamGrads grads,
+    bool other_per_channel,
+    double* __restrict__ channel_sum,
     float* __restrict__ coef) {
   const int64_t ch = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (ch >= c) {
@@ -597,14 +632,45 @@ __global__ void backwardSumsFinalizeKernel(
     sum_g += part0[s * c + ch];
     sum_gx += part1[s * c + ch];
   }
-  if (grad_weight != nullptr) {
-    grad_weight[ch] = static_cast<float>(sum_gx);
+  if (grads.weight.data != nullptr) {
+    storeMut(grads.weight, ch, sum_gx);
   }
-  if (grad_bias != nullptr) {
-    grad_bias[ch] = static_cast<float>(sum_g);
+  if (grads.bias.data != nullptr) {
+    storeMut(grads.bias, ch, sum_g);
   }
+  if (grads.other.data != nullptr && other_per_channel) {
+    storeMut(grads.other, ch, sum_g);
+  }
+  channel_sum[ch] = sum_g;
   coef[kQ * c + ch] = static_cast<float>(sum_g / static_cast<double>(m));
   coef[kR * c + ch] = static_cast<float>(sum_gx / static_cast<double>(m));
+}
+
+// The gradient of a one-element `other`: the channels' sums of g_bn added in
+// float64 by one block in a fixed order.
+__global__ void __launch_bounds__(kThreads) sumChannelsKernel(
+    const double* __restrict__ channel_sum,
+    int64_t c,
+    BnChannelMut out) {
+  double a = 0;
+  for (int64_t ch = threadIdx.x; ch < c; ch += kThreads) {
+    a += channel_sum[ch];
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    a += __shfl_down_sync(0xffffffffu, a, offset);
+  }
+  __shared__ double sh[kWarps];
+  if ((threadIdx.x & 31) == 0) {
+    sh[threadIdx.x / 32] = a;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kWarps; ++w) {
+      a += sh[w];
+    }
+    storeMut(out, 0, a);
+  }
 }
 
 // ------------------------------------------------------- elementwise ----
@@ -689,14 +755,11 @@ __global__ void __launch_bounds__(kThreads) applyForwardKernel(
   }
 }
 
-enum BwdMode : int { kSumOnly = 0, kDxEval = 1, kDxTrain = 2 };
-
-template <typename T, int V, int kMode>
+template <typename T, int V, bool kTrain>
 __global__ void __launch_bounds__(kThreads) applyBackwardKernel(
     const T* __restrict__ g,
     const T* __restrict__ x,
     T* __restrict__ dx,
-    float* __restrict__ grad_sum,
     int64_t nvec,
     int64_t c,
     int64_t l,
@@ -722,15 +785,12 @@ __global__ void __launch_bounds__(kThreads) applyBackwardKernel(
       fetchCoef<V>(coef, c, kMu, ch0, cols, mu);
       fetchCoef<V>(coef, c, kA, ch0, cols, a);
       fetchCoef<V>(coef, c, kK, ch0, cols, kk);
-      if constexpr (kMode != kSumOnly) {
-        fetchCoef<V>(coef, c, kP, ch0, cols, p);
-      }
-      if constexpr (kMode == kDxTrain) {
+      fetchCoef<V>(coef, c, kP, ch0, cols, p);
+      if constexpr (kTrain) {
         fetchCoef<V>(coef, c, kInvstd, ch0, cols, is);
         fetchCoef<V>(coef, c, kQ, ch0, cols, q);
         fetchCoef<V>(coef, c, kR, ch0, cols, r);
       }
-      Vec<float, V> gs;
       Vec<T, V> d;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
@@ -738,17 +798,13 @@ __global__ void __launch_bounds__(kThreads) applyBackwardKernel(
         const ChannelCoef cf{mu[k], a[k], kk[k], 0.f};
         const float gb =
             swishGrad<T>(toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf, inv_d, &xm);
-        gs.v[k] = gb;
-        if constexpr (kMode == kDxEval) {
-          d.v[k] = fromFloat<T>(p[k] * gb);
-        } else if constexpr (kMode == kDxTrain) {
+        if constexpr (kTrain) {
           d.v[k] = fromFloat<T>(p[k] * (gb - q[k] - (xm * is[k]) * r[k]));
+        } else {
+          d.v[k] = fromFloat<T>(p[k] * gb);
         }
       }
-      reinterpret_cast<Vec<float, V>*>(grad_sum)[v] = gs;
-      if constexpr (kMode != kSumOnly) {
-        reinterpret_cast<Vec<T, V>*>(dx)[v] = d;
-      }
+      reinterpret_cast<Vec<T, V>*>(dx)[v] = d;
     }
   }
 }
@@ -774,8 +830,8 @@ void launchReduce(
     const T* g,
     const float* coef,
     float inv_d,
-    float* part0,
-    float* part1,
+    ReduceAcc<kBwd>* part0,
+    ReduceAcc<kBwd>* part1,
     cudaStream_t stream) {
   if (p.columns) {
     const dim3 grid(static_cast<unsigned>(ceilDiv(s.c / V, kColX)), static_cast<unsigned>(p.splits));
@@ -800,14 +856,35 @@ int64_t numel(BnShape s) {
   return s.n * s.c * s.l;
 }
 
+// The workspace's regions (see the top of the file); Acc is the partials'
+// type.
+template <typename Acc>
+struct Workspace {
+  float* coef;
+  double* channel_sum;
+  Acc* part0;
+  Acc* part1;
+};
+
+template <typename Acc>
+Workspace<Acc> carve(void* ws, BnShape s, const Plan& p) {
+  Workspace<Acc> w;
+  w.coef = static_cast<float*>(ws);
+  w.channel_sum = reinterpret_cast<double*>(w.coef + kNumCoefSlots * s.c);
+  w.part0 = reinterpret_cast<Acc*>(w.channel_sum + s.c);
+  w.part1 = w.part0 + p.splits * s.c;
+  return w;
+}
+
 } // namespace
 
-int64_t batchNormSwishWorkspaceFloats(BnShape shape, int elem_size, int num_sms) {
+int64_t batchNormSwishWorkspaceBytes(BnShape shape, int elem_size, int num_sms) {
   if (numel(shape) == 0) {
     return 0;
   }
   const Plan p = makePlan(shape, elem_size, num_sms);
-  return kNumCoefSlots * shape.c + 2 * p.splits * shape.c;
+  return int64_t(sizeof(float)) * kNumCoefSlots * shape.c +
+      int64_t(sizeof(double)) * (shape.c + 2 * p.splits * shape.c);
 }
 
 template <typename T>
@@ -822,26 +899,25 @@ void batchNormSwishTrainForward(
     double eps,
     float* save_mean,
     float* save_invstd,
-    float* workspace,
+    void* workspace,
     int num_sms,
     cudaStream_t stream) {
   if (numel(shape) == 0) {
     return;
   }
   const Plan p = makePlan(shape, sizeof(T), num_sms);
-  float* coef = workspace;
-  float* part0 = workspace + kNumCoefSlots * shape.c;
-  float* part1 = part0 + p.splits * shape.c;
+  const auto ws = carve<float>(workspace, shape, p);
   withVec<T>(p, aligned16(x) && aligned16(out), [&](auto vc) {
     constexpr int V = decltype(vc)::value;
-    launchReduce<T, V, false>(p, shape, x, nullptr, nullptr, 0.f, part0, part1, stream);
+    launchReduce<T, V, false>(
+        p, shape, x, nullptr, nullptr, 0.f, ws.part0, ws.part1, stream);
     trainStatsFinalizeKernel<T><<<channelBlocks(shape.c), kThreads, 0, stream>>>(
-        x, part0, part1, shape.c, shape.l, p.splits, p.total, p.per, shape.n * shape.l,
-        affine, running_mean, running_var, momentum, eps, save_mean,
-        save_invstd, coef);
+        x, ws.part0, ws.part1, shape.c, shape.l, p.splits, p.total, p.per,
+        shape.n * shape.l, affine, running_mean, running_var, momentum, eps,
+        save_mean, save_invstd, ws.coef);
     const int64_t nvec = numel(shape) / V;
     applyForwardKernel<T, V><<<applyBlocks(nvec), kThreads, 0, stream>>>(
-        x, out, nvec, shape.c, shape.l, coef);
+        x, out, nvec, shape.c, shape.l, ws.coef);
   });
 }
 
@@ -854,14 +930,14 @@ void batchNormSwishEvalForward(
     BnChannelRef running_mean,
     BnChannelRef running_var,
     double eps,
-    float* workspace,
+    void* workspace,
     int num_sms,
     cudaStream_t stream) {
   if (numel(shape) == 0) {
     return;
   }
   const Plan p = makePlan(shape, sizeof(T), num_sms);
-  float* coef = workspace;
+  float* coef = static_cast<float*>(workspace);
   coefFromStatsKernel<<<channelBlocks(shape.c), kThreads, 0, stream>>>(
       shape.c, running_mean, running_var, /*is_var=*/true, eps, affine, coef);
   withVec<T>(p, aligned16(x) && aligned16(out), [&](auto vc) {
@@ -882,46 +958,48 @@ void batchNormSwishBackward(
     BnChannelRef invstd,
     bool training,
     T* grad_input,
-    float* grad_weight,
-    float* grad_bias,
-    float* grad_sum,
-    float* workspace,
+    const BnParamGrads& grads,
+    void* workspace,
     int num_sms,
     cudaStream_t stream) {
   if (numel(shape) == 0) {
     return;
   }
   const Plan p = makePlan(shape, sizeof(T), num_sms);
-  float* coef = workspace;
-  float* part0 = workspace + kNumCoefSlots * shape.c;
-  float* part1 = part0 + p.splits * shape.c;
+  const auto ws = carve<double>(workspace, shape, p);
   const float inv_d = static_cast<float>(1.0 / affine.divisor);
   coefFromStatsKernel<<<channelBlocks(shape.c), kThreads, 0, stream>>>(
-      shape.c, mean, invstd, /*is_var=*/false, 0.0, affine, coef);
+      shape.c, mean, invstd, /*is_var=*/false, 0.0, affine, ws.coef);
   const bool need_sums = (training && grad_input != nullptr) ||
-      grad_weight != nullptr || grad_bias != nullptr;
-  const bool aligned = aligned16(grad_output) && aligned16(x) &&
-      aligned16(grad_input) && aligned16(grad_sum);
+      grads.weight.data != nullptr || grads.bias.data != nullptr ||
+      grads.other.data != nullptr;
+  const bool other_per_channel = affine.other.stride != 0;
+  const bool aligned =
+      aligned16(grad_output) && aligned16(x) && aligned16(grad_input);
   withVec<T>(p, aligned, [&](auto vc) {
     constexpr int V = decltype(vc)::value;
     if (need_sums) {
       launchReduce<T, V, true>(
-          p, shape, x, grad_output, coef, inv_d, part0, part1, stream);
+          p, shape, x, grad_output, ws.coef, inv_d, ws.part0, ws.part1, stream);
       backwardSumsFinalizeKernel<<<channelBlocks(shape.c), kThreads, 0, stream>>>(
-          part0, part1, shape.c, p.splits, shape.n * shape.l, grad_weight,
-          grad_bias, coef);
+          ws.part0, ws.part1, shape.c, p.splits, shape.n * shape.l, grads,
+          other_per_channel, ws.channel_sum, ws.coef);
+      if (grads.other.data != nullptr && !other_per_channel) {
+        sumChannelsKernel<<<1, kThreads, 0, stream>>>(
+            ws.channel_sum, shape.c, grads.other);
+      }
+    }
+    if (grad_input == nullptr) {
+      return;
     }
     const int64_t nvec = numel(shape) / V;
     const auto blocks = applyBlocks(nvec);
-    if (grad_input == nullptr) {
-      applyBackwardKernel<T, V, kSumOnly><<<blocks, kThreads, 0, stream>>>(
-          grad_output, x, nullptr, grad_sum, nvec, shape.c, shape.l, coef, inv_d);
-    } else if (training) {
-      applyBackwardKernel<T, V, kDxTrain><<<blocks, kThreads, 0, stream>>>(
-          grad_output, x, grad_input, grad_sum, nvec, shape.c, shape.l, coef, inv_d);
+    if (training) {
+      applyBackwardKernel<T, V, true><<<blocks, kThreads, 0, stream>>>(
+          grad_output, x, grad_input, nvec, shape.c, shape.l, ws.coef, inv_d);
     } else {
-      applyBackwardKernel<T, V, kDxEval><<<blocks, kThreads, 0, stream>>>(
-          grad_output, x, grad_input, grad_sum, nvec, shape.c, shape.l, coef, inv_d);
+      applyBackwardKernel<T, V, false><<<blocks, kThreads, 0, stream>>>(
+          grad_output, x, grad_input, nvec, shape.c, shape.l, ws.coef, inv_d);
     }
   });
 }
@@ -929,14 +1007,13 @@ void batchNormSwishBackward(
 #define TORCHFUSE_INSTANTIATE_BN_SWISH(T)                                      \
   template void batchNormSwishTrainForward<T>(                                 \
       const T*, T*, BnShape, const BnAffine&, BnChannelMut, BnChannelMut,      \
-      double, double, float*, float*, float*, int, cudaStream_t);              \
+      double, double, float*, float*, void*, int, cudaStream_t);               \
   template void batchNormSwishEvalForward<T>(                                  \
       const T*, T*, BnShape, const BnAffine&, BnChannelRef, BnChannelRef,      \
-      double, float*, int, cudaStream_t);                                      \
+      double, void*, int, cudaStream_t);                                       \
   template void batchNormSwishBackward<T>(                                     \
       const T*, const T*, BnShape, const BnAffine&, BnChannelRef,              \
-      BnChannelRef, bool, T*, float*, float*, float*, float*, int,             \
-      cudaStream_t);
+      BnChannelRef, bool, T*, const BnParamGrads&, void*, int, cudaStream_t);
 TORCHFUSE_INSTANTIATE_BN_SWISH(float)
 TORCHFUSE_INSTANTIATE_BN_SWISH(__half)
 TORCHFUSE_INSTANTIATE_BN_SWISH(__nv_bfloat16)

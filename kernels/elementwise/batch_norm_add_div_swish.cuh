@@ -4,16 +4,18 @@
 // dispatcher headers here: ops/cuda/batch_norm_add_div_swish_kernel.cpp checks
 // the arguments, picks the stream, allocates the workspace and maps dtypes.
 //
-// The input is contiguous and viewed as (n, c, l): an (N, C) input is l = 1,
-// an (N, C, *) input has l = prod(*).  Statistics and arithmetic are float32
-// whatever T is; per-channel finishing steps run in float64.
+// The input is dense and viewed as (n, c, l) in memory order: a contiguous
+// (N, C) input is l = 1, a contiguous (N, C, *) one has l = prod(*), a
+// channels-last one is (N * prod(*), C, 1).  Elementwise arithmetic and the
+// forward statistics are float32 whatever T is; the backward's sums
+// accumulate in float64, and per-channel finishing steps run in float64.
 //
 //   t   = (x - mu_c) * a_c + k_c,   a_c = w_c * invstd_c / d,
 //                                   k_c = (b_c + s_c) / d
 //   out = t * sigmoid(t)
 //
 // Backward (s' = sigmoid(t), xhat = (x - mu_c) * invstd_c):
-//   g_bn  = dout * s' * (1 + t * (1 - s')) / d        (= grad_sum)
+//   g_bn  = dout * s' * (1 + t * (1 - s')) / d        (= d out / d (bn + s))
 //   dw_c  = sum g_bn * xhat,  db_c = sum g_bn
 //   dx    = w_c * invstd_c * (g_bn - db_c / M - xhat * dw_c / M)   (training)
 //   dx    = w_c * invstd_c * g_bn                                  (eval)
@@ -55,9 +57,19 @@ struct BnAffine {
   double divisor = 1.0;
 };
 
-// Floats of device workspace the calls below need for this shape, element
-// size and SM count (the same values must be passed to the call).
-int64_t batchNormSwishWorkspaceFloats(BnShape shape, int elem_size, int num_sms);
+// Gradients of the per-channel parameters; data == nullptr means not wanted.
+struct BnParamGrads {
+  BnChannelMut weight;  // sum g_bn * xhat per channel
+  BnChannelMut bias;    // sum g_bn per channel
+  // sum_to_size(g_bn, other.shape): per channel as bias when affine.other
+  // has a non-zero stride, else one value, the sum over all channels.
+  BnChannelMut other;
+};
+
+// Bytes of device workspace (16-byte aligned) the calls below need for this
+// shape, element size and SM count (the same values must be passed to the
+// call).
+int64_t batchNormSwishWorkspaceBytes(BnShape shape, int elem_size, int num_sms);
 
 // Training forward: batch statistics (Welford, float32, merged in float64),
 // the running-statistics update
@@ -75,7 +87,7 @@ void batchNormSwishTrainForward(
     double eps,
     float* save_mean,
     float* save_invstd,
-    float* workspace,
+    void* workspace,
     int num_sms,
     cudaStream_t stream);
 
@@ -89,14 +101,15 @@ void batchNormSwishEvalForward(
     BnChannelRef running_mean,
     BnChannelRef running_var,
     double eps,
-    float* workspace,
+    void* workspace,
     int num_sms,
     cudaStream_t stream);
 
 // Backward.  mean / invstd are the saved batch statistics (training) or the
-// running mean and 1/sqrt(rv + eps) (eval).  grad_sum (float32, shape of x)
-// is always written; grad_input, grad_weight and grad_bias (float32, c) only
-// where not null.
+// running mean and 1/sqrt(rv + eps) (eval).  grad_output has x's layout.
+// grad_input (x's layout) is written where not null, the parameter gradients
+// where wanted; the sums behind them accumulate in float64 and are reduced in
+// a fixed order, so they are deterministic.
 template <typename T>
 void batchNormSwishBackward(
     const T* grad_output,
@@ -107,10 +120,8 @@ void batchNormSwishBackward(
     BnChannelRef invstd,
     bool training,
     T* grad_input,
-    float* grad_weight,
-    float* grad_bias,
-    float* grad_sum,
-    float* workspace,
+    const BnParamGrads& grads,
+    void* workspace,
     int num_sms,
     cudaStream_t stream);
 

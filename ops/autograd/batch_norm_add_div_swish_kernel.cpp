@@ -43,14 +43,10 @@ variable_list backwardFromSaved(
                  .add(ctx->saved_data["eps"].toDouble())
                  .rsqrt();
   }
-  auto [grad_input, grad_weight, grad_bias, grad_sum] = batchNormAddDivSwishBackward(
+  auto [grad_input, grad_weight, grad_bias, grad_other] = batchNormAddDivSwishBackward(
       grad_output, input, toOptional(saved[1]), toOptional(saved[2]), mean, invstd,
       training, other, ctx->saved_data["divisor"].toScalar(),
-      {needs(0), needs(1), needs(2)});
-  at::Tensor grad_other;
-  if (needs(5)) {
-    grad_other = grad_sum.sum_to_size(other.sizes());
-  }
+      {needs(0), needs(1), needs(2), needs(5)});
   return {grad_input, grad_weight, grad_bias, grad_other};
 }
 
@@ -199,7 +195,7 @@ batchNormAddDivSwishBackwardAutograd(
     bool training,
     const at::Tensor& other,
     const at::Scalar& divisor,
-    std::array<bool, 3> output_mask) {
+    std::array<bool, 4> output_mask) {
   refuseDoubleBackward(
       "torchfuse::custom_batch_norm_add_div_swish", grad_output, input, weight,
       bias, other);

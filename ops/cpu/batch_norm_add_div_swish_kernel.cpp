@@ -101,7 +101,7 @@ batchNormAddDivSwishBackwardComposite(
     bool training,
     const at::Tensor& other,
     const at::Scalar& divisor,
-    std::array<bool, 3> output_mask) {
+    std::array<bool, 4> output_mask) {
   const auto ct =
       batchNormBackwardType(input.scalar_type(), grad_output.scalar_type());
   const int64_t dim = input.dim();
@@ -130,7 +130,7 @@ batchNormAddDivSwishBackwardComposite(
   const auto sum_g = g.sum(reduce_dims);
   const auto sum_g_xhat = (g * x_hat).sum(reduce_dims);
 
-  at::Tensor grad_input, grad_weight, grad_bias;
+  at::Tensor grad_input, grad_weight, grad_bias, grad_other;
   if (output_mask[0]) {
     const auto scale = w * perChannel(invstd.to(ct), dim);
     if (training) {
@@ -148,7 +148,10 @@ batchNormAddDivSwishBackwardComposite(
   if (output_mask[2]) {
     grad_bias = sum_g;
   }
-  return {grad_input, grad_weight, grad_bias, grad_sum};
+  if (output_mask[3]) {
+    grad_other = grad_sum.sum_to_size(other.sizes());
+  }
+  return {grad_input, grad_weight, grad_bias, grad_other};
 }
 
 } // namespace torchfuse::ops

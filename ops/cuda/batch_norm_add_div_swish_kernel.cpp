@@ -1,13 +1,15 @@
 // CUDA kernels of custom_batch_norm_add_div_swish (kernels/elementwise/
 // batch_norm_add_div_swish.cu) for the common case:
-//   - input contiguous (N, C) or (N, C, *), float32 / float16 / bfloat16;
+//   - input (N, C) or (N, C, *), float32 / float16 / bfloat16, dense with the
+//     channel dimension between the others in memory order: contiguous,
+//     channels-last, or any permutation of that kind (kernelShape);
 //   - weight, bias (optional), running_mean and running_var sharing one dtype,
 //     float32 or the input's (as native batch_norm requires);
 //   - other with one element, or C elements along input's dim 1, and not
 //     changing the result's dtype or shape;
 //   - a real divisor.
-// Everything else (channels-last or other strided inputs, float64, a full-size
-// or otherwise broadcast `other`, empty inputs) runs the reference composition,
+// Everything else (overlapping or gapped inputs, float64, a full-size or
+// otherwise broadcast `other`, empty inputs) runs the reference composition,
 // which is correct for all of them.  The fallback is silent, as custom_relu's:
 // a warning would turn into an error under `-W error`.
 
@@ -53,19 +55,23 @@ bool defined(const OptTensor& t) {
   return t.has_value() && t->defined();
 }
 
-bool isKernelInput(const at::Tensor& input) {
+// The kernels' (n, c, l) view of input's memory, or nullopt.  A dense
+// input's memory is (dims of larger stride than dim 1, C, dims of smaller
+// stride), so l = stride(1) and n = numel / (C * l); the kernels reduce over
+// n and l alike and write outputs with input's strides (empty_like).
+std::optional<k::BnShape> kernelShape(const at::Tensor& input) {
   const auto s = input.scalar_type();
-  return input.is_cuda() && input.dim() >= 2 && input.numel() > 0 &&
-      (s == at::kFloat || s == at::kHalf || s == at::kBFloat16) &&
-      input.is_contiguous();
-}
-
-k::BnShape shapeOf(const at::Tensor& input) {
-  k::BnShape s;
-  s.n = input.size(0);
-  s.c = input.size(1);
-  s.l = input.numel() / (s.n * s.c);
-  return s;
+  if (!input.is_cuda() || input.dim() < 2 || input.numel() == 0 ||
+      (s != at::kFloat && s != at::kHalf && s != at::kBFloat16) ||
+      !input.is_non_overlapping_and_dense()) {
+    return std::nullopt;
+  }
+  k::BnShape shape;
+  shape.c = input.size(1);
+  // NB: a size-1 dim's stride is arbitrary; one channel is one block anyway.
+  shape.l = shape.c == 1 ? 1 : input.stride(1);
+  shape.n = input.numel() / (shape.c * shape.l);
+  return shape;
 }
 
 // A 1-D tensor of C elements (any stride) on input's device.
@@ -126,7 +132,8 @@ std::optional<ForwardPlan> forwardPlan(
     bool training,
     const at::Tensor& other,
     const at::Scalar& divisor) {
-  if (!isKernelInput(input)) {
+  const auto shape = kernelShape(input);
+  if (!shape) {
     return std::nullopt;
   }
   // NB: the parameters share one dtype, float32 or the input's, as native
@@ -159,7 +166,7 @@ std::optional<ForwardPlan> forwardPlan(
     return std::nullopt;
   }
   ForwardPlan plan;
-  plan.shape = shapeOf(input);
+  plan.shape = *shape;
   plan.affine = k::BnAffine{*w, *b, *s, *d};
   plan.running_mean = *rm;
   plan.running_var = *rv;
@@ -172,8 +179,8 @@ int numSms() {
 
 at::Tensor workspace(const at::Tensor& input, const k::BnShape& shape, int sms) {
   return at::empty(
-      {k::batchNormSwishWorkspaceFloats(shape, static_cast<int>(input.element_size()), sms)},
-      input.options().dtype(at::kFloat));
+      {k::batchNormSwishWorkspaceBytes(shape, static_cast<int>(input.element_size()), sms)},
+      input.options().dtype(at::kByte));
 }
 
 k::BnChannelMut mutRef(const at::Tensor& t) {
@@ -192,7 +199,7 @@ at::Tensor trainForwardCuda(
     const at::Tensor& save_invstd) {
   c10::cuda::CUDAGuard guard(input.device());
   const int sms = numSms();
-  auto out = at::empty(input.sizes(), input.options());
+  auto out = at::empty_like(input);
   auto ws = workspace(input, plan.shape, sms);
   const auto stream = at::cuda::getCurrentCUDAStream();
   TORCHFUSE_DISPATCH_BN_TYPES(input.scalar_type(), "custom_batch_norm_add_div_swish", [&] {
@@ -201,7 +208,7 @@ at::Tensor trainForwardCuda(
         mutRef(running_mean), mutRef(running_var), momentum, eps,
         save_mean.defined() ? save_mean.data_ptr<float>() : nullptr,
         save_invstd.defined() ? save_invstd.data_ptr<float>() : nullptr,
-        ws.data_ptr<float>(), sms, stream);
+        ws.data_ptr(), sms, stream);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
@@ -210,13 +217,13 @@ at::Tensor trainForwardCuda(
 at::Tensor evalForwardCuda(const ForwardPlan& plan, const at::Tensor& input, double eps) {
   c10::cuda::CUDAGuard guard(input.device());
   const int sms = numSms();
-  auto out = at::empty(input.sizes(), input.options());
+  auto out = at::empty_like(input);
   auto ws = workspace(input, plan.shape, sms);
   const auto stream = at::cuda::getCurrentCUDAStream();
   TORCHFUSE_DISPATCH_BN_TYPES(input.scalar_type(), "custom_batch_norm_add_div_swish_eval", [&] {
     k::batchNormSwishEvalForward(
         cudaPtr<scalar_t>(input), cudaPtr<scalar_t>(out), plan.shape, plan.affine,
-        plan.running_mean, plan.running_var, eps, ws.data_ptr<float>(), sms, stream);
+        plan.running_mean, plan.running_var, eps, ws.data_ptr(), sms, stream);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
@@ -314,20 +321,19 @@ batchNormAddDivSwishBackwardCuda(
     bool training,
     const at::Tensor& other,
     const at::Scalar& divisor,
-    std::array<bool, 3> output_mask) {
+    std::array<bool, 4> output_mask) {
   const auto fallback = [&] {
     return batchNormAddDivSwishBackwardComposite(
         grad_output, input, weight, bias, mean, invstd, training, other, divisor,
         output_mask);
   };
-  // NB: with grad_output in the input's dtype, the composite's compute type
-  // promote(opmath(input), grad_output) is float32, the kernels' type.
-  // NB: float32 takes the composite: on an H200 the fused backward's gradient
-  // of `other` (a sum of g_bn) exceeded 2x eager's error against float64
-  // (7.3e-6 vs 1.4e-7, test_cuda_batch_norm.py::test_layouts[2d-fp32-train]),
-  // while the 16-bit dtypes stayed within their bound.
-  if (!isKernelInput(input) || input.scalar_type() == at::kFloat ||
-      !grad_output.defined() || grad_output.scalar_type() != input.scalar_type() ||
+  // NB: with grad_output in the input's dtype the composite computes in
+  // batchNormBackwardType: float64 for float32 inputs, float32 for 16-bit
+  // ones.  The kernels' elementwise arithmetic is float32 and their sums
+  // float64, and their parameter gradients take that type, as the composite's.
+  const auto shape = kernelShape(input);
+  if (!shape || !grad_output.defined() ||
+      grad_output.scalar_type() != input.scalar_type() ||
       grad_output.sizes() != input.sizes() ||
       grad_output.device() != input.device()) {
     return fallback();
@@ -343,33 +349,41 @@ batchNormAddDivSwishBackwardCuda(
   }
   c10::cuda::CUDAGuard guard(input.device());
   const int sms = numSms();
-  const auto shape = shapeOf(input);
-  const auto g = grad_output.contiguous();
-  const auto f32 = input.options().dtype(at::kFloat);
-  auto grad_sum = at::empty(input.sizes(), f32);
-  at::Tensor grad_input, grad_weight, grad_bias;
+  // The kernels read grad_output in input's memory order.
+  const auto g = grad_output.strides() == input.strides()
+      ? grad_output
+      : at::empty_like(input).copy_(grad_output);
+  const auto ct = input.options().dtype(
+      batchNormBackwardType(input.scalar_type(), grad_output.scalar_type()));
+  at::Tensor grad_input, grad_weight, grad_bias, grad_other;
   if (output_mask[0]) {
-    grad_input = at::empty(input.sizes(), input.options());
+    grad_input = at::empty_like(input);
   }
   if (output_mask[1]) {
-    grad_weight = at::empty({shape.c}, f32);
+    grad_weight = at::empty({shape->c}, ct);
   }
   if (output_mask[2]) {
-    grad_bias = at::empty({shape.c}, f32);
+    grad_bias = at::empty({shape->c}, ct);
   }
-  auto ws = workspace(input, shape, sms);
+  if (output_mask[3]) {
+    // One value, or C contiguous values along other's channel dimension.
+    grad_other = at::empty(other.sizes(), ct);
+  }
+  const auto mut = [](const at::Tensor& t) {
+    return t.defined() ? mutRef(t) : k::BnChannelMut{};
+  };
+  const k::BnParamGrads grads{mut(grad_weight), mut(grad_bias), mut(grad_other)};
+  auto ws = workspace(input, *shape, sms);
   const k::BnAffine affine{*w, *b, *s, *d};
   const auto stream = at::cuda::getCurrentCUDAStream();
   TORCHFUSE_DISPATCH_BN_TYPES(input.scalar_type(), "custom_batch_norm_add_div_swish_backward", [&] {
     k::batchNormSwishBackward(
-        cudaPtr<scalar_t>(g), cudaPtr<scalar_t>(input), shape, affine, *mu, *is,
+        cudaPtr<scalar_t>(g), cudaPtr<scalar_t>(input), *shape, affine, *mu, *is,
         training, grad_input.defined() ? cudaPtr<scalar_t>(grad_input) : nullptr,
-        grad_weight.defined() ? grad_weight.data_ptr<float>() : nullptr,
-        grad_bias.defined() ? grad_bias.data_ptr<float>() : nullptr,
-        grad_sum.data_ptr<float>(), ws.data_ptr<float>(), sms, stream);
+        grads, ws.data_ptr(), sms, stream);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {grad_input, grad_weight, grad_bias, grad_sum};
+  return {grad_input, grad_weight, grad_bias, grad_other};
 }
 
 #undef TORCHFUSE_DISPATCH_BN_TYPES

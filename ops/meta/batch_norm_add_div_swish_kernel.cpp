@@ -83,7 +83,7 @@ batchNormAddDivSwishBackwardMeta(
     bool training,
     const at::Tensor& other,
     const at::Scalar& divisor,
-    std::array<bool, 3> output_mask) {
+    std::array<bool, 4> output_mask) {
   const auto ct =
       batchNormBackwardType(input.scalar_type(), grad_output.scalar_type());
   const auto channel = at::empty_symint({input.sym_size(1)}, input.options().dtype(ct));
@@ -91,7 +91,8 @@ batchNormAddDivSwishBackwardMeta(
       output_mask[0] ? at::empty_like(input) : at::Tensor(),
       output_mask[1] ? channel : at::Tensor(),
       output_mask[2] ? at::empty_like(channel) : at::Tensor(),
-      at::empty_like(grad_output, grad_output.options().dtype(ct))};
+      output_mask[3] ? at::empty_symint(other.sym_sizes(), input.options().dtype(ct))
+                     : at::Tensor()};
 }
 
 } // namespace

@@ -12,12 +12,14 @@ Outputs are poisoned (NaN-filled blocks left in the caching allocator) right
 before every call under test, so an element the kernels never write shows up
 as NaN.
 
-Layouts cover the kernels' fast path (contiguous (N, C) and (N, C, *), scalar
-or per-channel `other`) and cases that must fall back to the composition
-(channels-last, strided input, full-size or differently broadcast `other`,
-mixed dtypes, float64).  Every test is marked `cuda` and skipped, with the
-reason, where torch sees no CUDA device.  TORCHFUSE_TEST_SEED=<n> reproduces
-a run; the seed is in every failure message.
+Layouts cover the kernels' fast path (dense (N, C) and (N, C, *) inputs:
+contiguous, channels-last, transposed; scalar or per-channel `other`) and
+cases that must fall back to the composition (gapped input, full-size or
+differently broadcast `other`, mixed dtypes, float64); test_fused_path checks
+with the profiler which of the two ran.  Every test is marked `cuda` and
+skipped, with the reason, where torch sees no CUDA device.
+TORCHFUSE_TEST_SEED=<n> reproduces a run; the seed is in every failure
+message.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import warnings
 import zlib
 from typing import Optional
 
@@ -69,7 +72,7 @@ class Layout:
     memory: str = "contiguous"  # "contiguous" | "channels_last" | "transposed" | "sliced"
     mean: float = 0.5  # offset of x; large values test |mean| >> std
     std: float = 2.0
-    fast: bool = True  # expected to take the CUDA kernels (documentation only)
+    fast: bool = True  # expected to take the CUDA kernels (test_fused_path)
 
 
 LAYOUTS = {
@@ -87,9 +90,13 @@ LAYOUTS = {
     "4d-hw1": Layout((32, 24, 1, 1), (24, 1, 1)),  # L == 1: column path
     "n1": Layout((1, 16, 40), (16, 1)),
     "w3": Layout((1024, 8192), (1,)),  # the reference workload's BN tail
+    # dense, other memory orders: channels-last is the column path with
+    # N * H * W rows, transposed (N, C) the plane path with one plane
+    "channels-last": Layout((8, 16, 5, 5), (16, 1, 1), memory="channels_last"),
+    "channels-last-odd-c": Layout((4, 13, 6, 6), (1,), memory="channels_last"),
+    "3d-channels-last": Layout((8, 24, 40), (24, 1), memory="channels_last"),
+    "transposed": Layout((64, 32), (32,), memory="transposed"),
     # --- must fall back to the composition
-    "channels-last": Layout((8, 16, 5, 5), (16, 1, 1), memory="channels_last", fast=False),
-    "transposed": Layout((64, 32), (32,), memory="transposed", fast=False),
     "sliced": Layout((64, 32), (1,), memory="sliced", fast=False),
     "full-other": Layout((8, 16, 5), (8, 16, 5), fast=False),
     "other-on-last-dim": Layout((4, 8, 8), (8,), fast=False),  # numel C, but broadcast along dim 2
@@ -131,7 +138,9 @@ def make_x(lay: Layout, dtype, gen) -> torch.Tensor:
     else:
         x = randn(lay.shape, gen=gen, scale=lay.std, mean=lay.mean).to(dtype)
         if lay.memory == "channels_last":
-            x = x.contiguous(memory_format=torch.channels_last)
+            # C innermost, the other dims in order (torch.channels_last for 4-D)
+            perm = (0, *range(2, x.dim()), 1)
+            x = x.permute(perm).contiguous().permute(torch.argsort(torch.tensor(perm)).tolist())
     assert x.shape == lay.shape
     return x
 
@@ -256,6 +265,8 @@ def run_and_compare(
         check(fused_out, eager_out, ref_out, what=f"{what}: output", dtype=dtype)
 
         gy = randn(eager_out.shape, gen=gen).to(eager_out.dtype)
+        if gy.shape == x0.shape:  # in x's memory order: channels-last reads it as it is
+            gy = torch.empty_like(x0, dtype=gy.dtype).copy_(gy)
         ref_out.backward(gy.double().cpu())
         eager_out.backward(gy)
         poison(nbytes(xs["eager"]) * 2, nbytes(eager_out) * 2, lay.shape[1] * 4)
@@ -397,16 +408,27 @@ def test_forward_op_contract(layout, dtype, training, gen):
         check(invstd, e_invstd, r_invstd.cuda(), what=f"{layout} {dtype}: save_invstd", dtype=torch.float32)
 
 
-@pytest.mark.parametrize("mask", [(True, True, True), (True, False, False), (False, True, True), (False, False, False)],
-                         ids=["all", "input-only", "params-only", "none"])
+MASKS = {
+    "all": (True, True, True, True),
+    "input-only": (True, False, False, False),
+    "params-only": (False, True, True, False),
+    "other-only": (False, False, False, True),
+    "none": (False, False, False, False),
+}
+
+
+@pytest.mark.parametrize("mask", list(MASKS.values()), ids=list(MASKS))
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 @pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
-@pytest.mark.parametrize("layout", ["2d-per-channel", "4d", "3d-odd-l", "channels-last"])
+@pytest.mark.parametrize("layout", ["2d", "2d-per-channel", "4d", "3d-odd-l", "channels-last", "3d-channels-last"])
 def test_backward_op_contract(layout, dtype, training, mask, gen):
     """custom_batch_norm_add_div_swish_backward called directly: (grad_input,
-    grad_weight, grad_bias, grad_sum) with None where output_mask is false,
-    grad_sum of the input's shape (float64 for float32 inputs, else float32); values against the float64 CPU
-    op given the same statistics, with eager autograd's error as the bound."""
+    grad_weight, grad_bias, grad_other) with None where output_mask is false,
+    grad_input in the input's dtype and shape, the others float64 for float32
+    inputs and float32 for 16-bit ones (batchNormBackwardType), grad_other of
+    other's shape; values against the float64 CPU op given the same
+    statistics, with eager autograd's error as the bound.  grad_output is
+    contiguous whatever the input's memory order."""
     lay = LAYOUTS[layout]
     inp = make_inputs(lay, dtype, torch.float32, gen)
     x, w, b, other = inp["x"], inp["w"], inp["b"], inp["other"]
@@ -429,7 +451,6 @@ def test_backward_op_contract(layout, dtype, training, mask, gen):
     shape[1] = -1
     xhat = (xe.float() - e_mean.view(shape)) * e_invstd.view(shape)
     z = (xhat * we.float().view(shape) + be.float().view(shape)).to(dtype) + oe
-    z.retain_grad()
     t = z / divisor
     (t * torch.sigmoid(t)).backward(gy)
 
@@ -437,28 +458,75 @@ def test_backward_op_contract(layout, dtype, training, mask, gen):
         clone_to(g, d, dev), clone_to(x, d, dev), clone_to(w, d, dev), clone_to(b, d, dev),
         clone_to(mean, d, dev), clone_to(invstd, d, dev), training, clone_to(other, d, dev), divisor, list(mask),
     )
-    poison(nbytes(x), x.numel() * 4, lay.shape[1] * 4)
-    gi, gw, gb, gs = ops.custom_batch_norm_add_div_swish_backward(*args(None, None, gy))
+    poison(nbytes(x), x.numel() * 4, lay.shape[1] * 8)
+    got_all = ops.custom_batch_norm_add_div_swish_backward(*args(None, None, gy))
     torch.cuda.synchronize()
     r = ops.custom_batch_norm_add_div_swish_backward(*args(torch.float64, "cpu", gy))
     what = f"{layout} {dtype} training={training} mask={mask} [seed {SEED}]"
-    # float32 inputs take a float64 backward (ops/batch_norm_add_div_swish.cpp,
-    # batchNormBackwardType); 16-bit ones a float32 one.
-    want = torch.float64 if dtype == torch.float32 else torch.float32
-    assert gs.dtype == want and gs.shape == lay.shape, what
-    check(gs.float(), z.grad.float(), r[3].cuda().float(), what=f"{what}: grad_sum", dtype=dtype)
-    for got, want, ref, on, name in ((gi, xe.grad, r[0], mask[0], "grad_input"),
-                                     (gw, we.grad, r[1], mask[1], "grad_weight"),
-                                     (gb, be.grad, r[2], mask[2], "grad_bias")):
+    ct = torch.float64 if dtype == torch.float32 else torch.float32
+    names = ("grad_input", "grad_weight", "grad_bias", "grad_other")
+    eager_grads = (xe.grad, we.grad, be.grad, oe.grad)
+    shapes = (lay.shape, (lay.shape[1],), (lay.shape[1],), tuple(other.shape))
+    for got, want, ref, on, name, shp in zip(got_all, eager_grads, r, mask, names, shapes):
         if not on:
             assert got is None, f"{what}: {name} should be None"
             continue
         assert got is not None, f"{what}: {name} missing"
-        if name == "grad_input":
-            assert got.dtype == dtype and got.shape == lay.shape, what
-        else:
-            assert got.dtype == torch.float32 and got.shape == (lay.shape[1],), what
+        assert got.dtype == (dtype if name == "grad_input" else ct), f"{what}: {name} dtype {got.dtype}"
+        assert tuple(got.shape) == shp, f"{what}: {name} shape {tuple(got.shape)}"
         check(got.float(), want.float(), ref.cuda().float(), what=f"{what}: {name}", dtype=dtype)
+
+
+def ran_composite(fn) -> bool:
+    """Whether fn() ran the reference composition: its forward calls
+    aten::native_batch_norm or aten::batch_norm, its backward aten::sigmoid;
+    the kernels' path calls none of them."""
+    # NB: the profiler warns that it clears events between cycles, which the
+    # suite's filterwarnings=error would turn into a failure.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Profiler clears events")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            fn()
+            torch.cuda.synchronize()
+    names = {"aten::native_batch_norm", "aten::batch_norm", "aten::sigmoid"}
+    return any(e.name in names for e in prof.events())
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_fused_path(layout, dtype, training, gen):
+    """The fast-path layouts run the kernels, forward (_forward op) and
+    backward (_backward op, every output wanted), float32 included; the
+    others run the composition."""
+    lay = LAYOUTS[layout]
+    inp = make_inputs(lay, dtype, torch.float32, gen)
+    x, w, b, rm, rv, other = (inp[k] for k in ("x", "w", "b", "rm", "rv", "other"))
+    fwd = lambda: ops.custom_batch_norm_add_div_swish_forward(  # noqa: E731
+        x, w, b, rm, rv, training, 0.1, EPS, other, 2.0)
+    out, mean, invstd = fwd()
+    if not training:
+        mean, invstd = rm, torch.rsqrt(rv.double() + EPS)
+    gy = torch.empty_like(x).copy_(randn(out.shape, gen=gen)) if out.shape == x.shape else randn(out.shape, gen=gen)
+    bwd = lambda: ops.custom_batch_norm_add_div_swish_backward(  # noqa: E731
+        gy.to(dtype), x, w, b, mean, invstd, training, other, 2.0, [True] * 4)
+    for what, fn in (("forward", fwd), ("backward", bwd)):
+        used = ran_composite(fn)
+        assert used == (not lay.fast), (
+            f"{layout} {dtype} training={training} {what}: expected the "
+            f"{'kernels' if lay.fast else 'composition'}, but the composition {'ran' if used else 'did not run'}"
+        )
+
+
+# The float32 fused backward's gradient of a one-element `other` sums g_bn
+# over every element and cancels heavily; more draws than test_layouts makes.
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("layout", ["2d", "2d-per-channel", "2d-tall-0dim-other", "4d", "4d-large-plane", "3d-channels-last"])
+def test_float32_backward_draws(layout, mode, gen):
+    for draw in range(6):
+        divisor = (1.0, 2.5, -0.75)[draw % 3]
+        run_and_compare(LAYOUTS[layout], mode, torch.float32, torch.float32, gen, steps=1, divisor=divisor,
+                        label=f"{layout} draw {draw} divisor {divisor}")
 
 
 @pytest.mark.parametrize("mode", MODES)
