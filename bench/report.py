@@ -95,6 +95,25 @@ def speedups(data: dict, idx: dict) -> list:
     return out
 
 
+def tails(data: dict, idx: dict) -> list:
+    """[(workload, pass, gemm ms, eager tail ms, torchfuse tail ms)] for the
+    workloads with a bare_gemm row: the tail is a variant's median minus the
+    bare GEMM's (fwdbwd: the GEMM's forward and backward)."""
+    out = []
+    for w, p in ordered_keys(data, idx):
+        rows = idx[(w, p)]
+        g = rows.get("bare_gemm")
+        if not g or "eager" not in rows or "torchfuse" not in rows:
+            continue
+        gm = g["median_ms"]
+        out.append((w, p, gm, rows["eager"]["median_ms"] - gm, rows["torchfuse"]["median_ms"] - gm))
+    return out
+
+
+def tail_ratio(e: float, t: float) -> str:
+    return f"{t / e:.2f}" if e > 0 else "–"
+
+
 # ---------------------------------------------------------------- markdown ----
 
 def markdown(data: dict, json_path: str, cmdline: str, png_rel: str = "performance.png") -> str:
@@ -165,6 +184,20 @@ def markdown(data: dict, json_path: str, cmdline: str, png_rel: str = "performan
                 f"{f'{b:.2f}× ({bo})' if b else '–'} |")
         add("")
         add(f"![torchfuse speedups]({png_rel})")
+        add("")
+
+    tl = tails(data, idx)
+    if tl:
+        add("## Fused tails")
+        add("")
+        add("The tail is the time a model spends besides its GEMM: its median minus the bare GEMM's "
+            "(`x @ W.T`; for fwdbwd with its backward, dX and dW). A difference of medians, so "
+            "only as exact as the two medians. *torchfuse / eager*: < 1 means torchfuse's tail is faster.")
+        add("")
+        add("| Workload | Pass | bare GEMM | eager tail | torchfuse tail | torchfuse / eager |")
+        add("|---|---|---|---|---|---|")
+        for w, p, gm, e, t in tl:
+            add(f"| {w} | {p} | {fmt_ms(gm)} | {fmt_ms(e)} | {fmt_ms(t)} | {tail_ratio(e, t)} |")
         add("")
 
     add("## All measurements")
@@ -279,6 +312,9 @@ def short_table(data: dict) -> str:
             fl = floor_of(data, w, p)
             pct = f"{100 * fl / tf['median_ms']:.0f}" if fl else "–"
         out.append(f"{w:22s} {p:6s} " + " ".join(cells) + f" {rel:>7s} {pct:>6s}")
+    for w, p, gm, e, t in tails(data, idx):
+        out.append(f"tail {w} {p}: eager {fmt_ms(e)}, torchfuse {fmt_ms(t)} ms (ratio {tail_ratio(e, t)}; "
+                   f"bare GEMM {fmt_ms(gm)})")
     c = data.get("ceilings", {})
     out.append(f"ceilings: copy {c.get('copy_GBps', 0):.0f} GB/s, fp32 {c.get('fp32_matmul_TFLOPs', 0):.1f}, "
                f"tf32 {c.get('tf32_matmul_TFLOPs', 0):.1f} TFLOP/s; '!' = wrong result; tf/best = best other / torchfuse")
