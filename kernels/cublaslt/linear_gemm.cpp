@@ -1,89 +1,77 @@
-#include "kernels/cublaslt/gemm_bias_act.h"
-
-#include "kernels/cublaslt/cublaslt_utils.h"
+#include "kernels/cublaslt/linear_gemm.h"
 
 namespace torchfuse::kernels {
-
-cublasLtEpilogue_t toCublasLtEpilogue(GemmEpilogue e) {
-  switch (e) {
-    case GemmEpilogue::kBias:
-      return CUBLASLT_EPILOGUE_BIAS;
-    case GemmEpilogue::kReluBias:
-      return CUBLASLT_EPILOGUE_RELU_BIAS;
-  }
-  TORCH_INTERNAL_ASSERT(false, "unknown GemmEpilogue ", static_cast<int>(e));
-}
-
 namespace {
 
-cudaDataType_t toCudaDataType(GemmDtype d) {
-  switch (d) {
-    case GemmDtype::kFloat32:
-      return CUDA_R_32F;
-    case GemmDtype::kFloat16:
-      return CUDA_R_16F;
-    case GemmDtype::kBFloat16:
-      return CUDA_R_16BF;
-  }
-  TORCH_INTERNAL_ASSERT(false, "unknown GemmDtype ", static_cast<int>(d));
+LtMatmulArgs baseArgs(const LinearGemmContext& ctx) {
+  LtMatmulArgs a;
+  a.dtype = ctx.dtype;
+  a.allow_tf32 = ctx.allow_tf32;
+  a.workspace = ctx.workspace;
+  a.workspace_size = ctx.workspace_size;
+  return a;
 }
 
 } // namespace
 
-bool gemmBiasAct(cublasLtHandle_t handle, const GemmBiasActArgs& a, cudaStream_t stream) {
-  TORCH_INTERNAL_ASSERT(a.m > 0 && a.n > 0 && a.k > 0);
-  TORCH_INTERNAL_ASSERT(a.ldx >= a.k && a.ldw >= a.k && a.ldy >= a.n);
-  TORCH_INTERNAL_ASSERT(a.bias != nullptr);
-  using namespace cublaslt;
-
-  const cudaDataType_t type = toCudaDataType(a.dtype);
-  // kernels.md §2: TF32 only for float32 and only when the caller allows it;
-  // half types accumulate in float32.
-  const cublasComputeType_t compute = a.dtype == GemmDtype::kFloat32 && a.allow_tf32
-      ? CUBLAS_COMPUTE_32F_FAST_TF32
-      : CUBLAS_COMPUTE_32F;
-
-  auto desc = makeMatmulDesc(compute, CUDA_R_32F);
-  setAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, cublasOperation_t{CUBLAS_OP_T});
-  setAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, cublasOperation_t{CUBLAS_OP_N});
-  setAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, toCublasLtEpilogue(a.epilogue));
-  setAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, a.bias);
-
-  // A = W as column-major [K, N], used transposed; B = x as column-major
-  // [K, M]; C = D = y as column-major [N, M] (C is not read: beta = 0).
-  auto layout_a = makeMatrixLayout(type, a.k, a.n, a.ldw);
-  auto layout_b = makeMatrixLayout(type, a.k, a.m, a.ldx);
-  auto layout_d = makeMatrixLayout(type, a.n, a.m, a.ldy);
-
-  auto pref = makeMatmulPreference();
-  setAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{a.workspace_size});
-  setAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, pointerAlignment(a.w));
-  setAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, pointerAlignment(a.x));
-  setAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, pointerAlignment(a.y));
-  setAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, pointerAlignment(a.y));
-
-  cublasLtMatmulHeuristicResult_t heuristic = {};
-  int found = 0;
-  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-      handle, desc.get(), layout_a.get(), layout_b.get(), layout_d.get(), layout_d.get(),
-      pref.get(), 1, &heuristic, &found);
-  // NOT_SUPPORTED: no heuristic for this configuration; like found == 0, the
-  // caller falls back.
-  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
-    return false;
+bool linearForward(const LinearGemmContext& ctx, const LinearForwardArgs& f) {
+  auto a = baseArgs(ctx);
+  a.trans_a = true;
+  a.m = f.n;
+  a.n = f.m;
+  a.k = f.k;
+  a.a = f.w;
+  a.lda = f.ldw;
+  a.b = f.x;
+  a.ldb = f.ldx;
+  a.c = f.c;
+  a.ldc = f.ldc;
+  a.beta = f.c != nullptr ? f.beta : 0.0f;
+  a.d = f.y;
+  a.ldd = f.ldy;
+  if (f.bias != nullptr) {
+    a.epilogue = LtEpilogue::kBias;
+    a.bias = const_cast<void*>(f.bias);  // read only with kBias
+    a.bias_fp32 = f.bias_fp32;
   }
-  TORCHFUSE_CUBLASLT_CHECK(status);
-  if (found == 0) {
-    return false;
-  }
+  return ltMatmul(ctx.handle, a, ctx.stream);
+}
 
-  const float alpha = 1.0f;
-  const float beta = 0.0f;
-  TORCHFUSE_CUBLASLT_CHECK(cublasLtMatmul(
-      handle, desc.get(), &alpha, a.w, layout_a.get(), a.x, layout_b.get(), &beta, a.y,
-      layout_d.get(), a.y, layout_d.get(), &heuristic.algo, a.workspace, a.workspace_size,
-      stream));
-  return true;
+bool linearGradInput(
+    const LinearGemmContext& ctx, int64_t m, int64_t n, int64_t k, const void* g,
+    int64_t ldg, const void* w, int64_t ldw, void* dx, int64_t lddx) {
+  auto a = baseArgs(ctx);
+  a.m = k;
+  a.n = m;
+  a.k = n;
+  a.a = w;
+  a.lda = ldw;
+  a.b = g;
+  a.ldb = ldg;
+  a.d = dx;
+  a.ldd = lddx;
+  return ltMatmul(ctx.handle, a, ctx.stream);
+}
+
+bool linearGradWeight(const LinearGemmContext& ctx, const LinearGradWeightArgs& wg) {
+  auto a = baseArgs(ctx);
+  // D[K, N] = op(A)[K, M] · op(B)[M, N]: A is x (or xt), B is g (or gt).
+  a.trans_a = wg.transposed;
+  a.trans_b = !wg.transposed;
+  a.m = wg.k;
+  a.n = wg.n;
+  a.k = wg.m;
+  a.a = wg.x;
+  a.lda = wg.ldx;
+  a.b = wg.g;
+  a.ldb = wg.ldg;
+  a.d = wg.dw;
+  a.ldd = wg.lddw;
+  if (wg.db != nullptr) {
+    a.epilogue = LtEpilogue::kBGradB;  // Σ over the GEMM's k (= rows of g)
+    a.bias = wg.db;
+  }
+  return ltMatmul(ctx.handle, a, ctx.stream);
 }
 
 } // namespace torchfuse::kernels

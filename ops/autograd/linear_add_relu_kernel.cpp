@@ -2,6 +2,7 @@
 #include <torch/library.h>
 
 #include "ops/common/autograd_utils.h"
+#include "ops/common/checks.h"
 #include "ops/linear_add_relu.h"
 #include "torchfuse/ops.h"
 
@@ -29,6 +30,12 @@ class LinearAddReluFunction
     ctx->saved_data["other_sizes"] = other.sizes().vec();
     ctx->saved_data["alpha"] = alpha;
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    // A per-feature `other` (N elements along the last dim, adding no dims)
+    // has the bias's gradient, which the CUDA backward reduces inside its
+    // weight GEMM.  NB: symbolic sizes (tracing) keep the general rule.
+    ctx->saved_data["other_per_feature"] = !anySymbolic({other, weight}) &&
+        other.dim() >= 1 && other.dim() <= input.dim() &&
+        other.numel() == weight.size(0) && other.size(-1) == weight.size(0);
     return out;
   }
 
@@ -39,14 +46,23 @@ class LinearAddReluFunction
     const auto needs = [&](size_t arg) {
       return needsTensorGrad(ctx, {true, true, has_bias, true}, arg);
     };
+    const auto other_sizes = ctx->saved_data["other_sizes"].toIntVector();
+    const bool other_from_bias =
+        needs(3) && ctx->saved_data["other_per_feature"].toBool();
     auto [grad_input, grad_weight, grad_bias, grad_sum] = linearAddReluBackward(
-        grads[0], saved[0], saved[1], saved[2], {needs(0), needs(1), needs(2)});
+        grads[0], saved[0], saved[1], saved[2],
+        {needs(0), needs(1), needs(2) || other_from_bias});
     at::Tensor grad_other;
-    if (needs(3)) {
-      grad_other = scaledBy(
-          grad_sum.sum_to_size(ctx->saved_data["other_sizes"].toIntVector()), alpha);
+    if (other_from_bias) {
+      grad_other = grad_bias.reshape(other_sizes);
+      // NB: the two gradients must not share storage: accumulating into one
+      // .grad in place would change the other.
+      grad_other = needs(2) && alpha.equal(1) ? grad_other.clone() : scaledBy(grad_other, alpha);
+    } else if (needs(3)) {
+      grad_other = scaledBy(grad_sum.sum_to_size(other_sizes), alpha);
     }
-    return {grad_input, grad_weight, grad_bias, grad_other, at::Tensor()};
+    return {grad_input, grad_weight, needs(2) ? grad_bias : at::Tensor(), grad_other,
+            at::Tensor()};
   }
 };
 

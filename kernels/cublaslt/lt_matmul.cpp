@@ -1,0 +1,291 @@
+#include "kernels/cublaslt/lt_matmul.h"
+
+#include <c10/cuda/CUDAException.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "kernels/cublaslt/cublaslt_utils.h"
+
+namespace torchfuse::kernels {
+namespace {
+
+using namespace cublaslt;
+
+// Up to this many heuristic candidates are timed on a key's first use, each
+// once untimed and then kTimedReps times; the best single run wins.
+constexpr int kMaxCandidates = 8;
+constexpr int kTimedReps = 3;
+// NB: a bound, not an LRU: models have few distinct GEMMs, and a full cache
+// is simply dropped (plans in use stay alive through their shared_ptr).
+constexpr size_t kMaxPlans = 1024;
+
+cudaDataType_t toCudaDataType(GemmDtype d) {
+  switch (d) {
+    case GemmDtype::kFloat32:
+      return CUDA_R_32F;
+    case GemmDtype::kFloat16:
+      return CUDA_R_16F;
+    case GemmDtype::kBFloat16:
+      return CUDA_R_16BF;
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown GemmDtype ", static_cast<int>(d));
+}
+
+cublasLtEpilogue_t toCublasLtEpilogue(LtEpilogue e) {
+  switch (e) {
+    case LtEpilogue::kDefault:
+      return CUBLASLT_EPILOGUE_DEFAULT;
+    case LtEpilogue::kBias:
+      return CUBLASLT_EPILOGUE_BIAS;
+    case LtEpilogue::kBGradB:
+      return CUBLASLT_EPILOGUE_BGRADB;
+  }
+  TORCH_INTERNAL_ASSERT(false, "unknown LtEpilogue ", static_cast<int>(e));
+}
+
+using PlanKey = std::array<int64_t, 20>;
+
+struct PlanKeyHash {
+  size_t operator()(const PlanKey& key) const noexcept {
+    size_t h = 0;
+    for (const int64_t v : key) {
+      h = h * 1000003u ^ std::hash<int64_t>{}(v);
+    }
+    return h;
+  }
+};
+
+PlanKey makeKey(const LtMatmulArgs& a, int device) {
+  const bool has_bias = a.epilogue != LtEpilogue::kDefault;
+  return {
+      device,
+      static_cast<int64_t>(a.dtype),
+      a.dtype == GemmDtype::kFloat32 && a.allow_tf32,
+      a.trans_a,
+      a.trans_b,
+      a.m,
+      a.n,
+      a.k,
+      a.lda,
+      a.ldb,
+      a.c != nullptr ? a.ldc : -1,
+      a.ldd,
+      static_cast<int64_t>(a.epilogue),
+      has_bias && a.bias_fp32,
+      pointerAlignment(a.a),
+      pointerAlignment(a.b),
+      a.c != nullptr ? pointerAlignment(a.c) : 0,
+      pointerAlignment(a.d),
+      has_bias ? pointerAlignment(a.bias) : 0,
+      static_cast<int64_t>(a.workspace_size)};
+}
+
+// Everything cuBLASLt needs for one key.  The descriptor's bias pointer is
+// the only per-call attribute, so `mutex` is held from setting it to the
+// end of the (asynchronous) launch.
+struct Plan {
+  std::mutex mutex;
+  bool ready = false;
+  bool found = false;
+  MatmulDesc desc;
+  MatrixLayout a, b, c, d;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+std::mutex& cacheMutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::unordered_map<PlanKey, std::shared_ptr<Plan>, PlanKeyHash>& cache() {
+  static std::unordered_map<PlanKey, std::shared_ptr<Plan>, PlanKeyHash> c;
+  return c;
+}
+
+std::shared_ptr<Plan> lookup(const PlanKey& key) {
+  std::lock_guard<std::mutex> lock(cacheMutex());
+  auto& plans = cache();
+  auto it = plans.find(key);
+  if (it != plans.end()) {
+    return it->second;
+  }
+  if (plans.size() >= kMaxPlans) {
+    plans.clear();
+  }
+  auto plan = std::make_shared<Plan>();
+  plans.emplace(key, plan);
+  return plan;
+}
+
+cublasStatus_t launch(
+    cublasLtHandle_t handle, const Plan& plan, const cublasLtMatmulAlgo_t& algo,
+    const LtMatmulArgs& a, cudaStream_t stream) {
+  return cublasLtMatmul(
+      handle, plan.desc.get(), &a.alpha, a.a, plan.a.get(), a.b, plan.b.get(), &a.beta,
+      a.c != nullptr ? a.c : a.d, plan.c.get(), a.d, plan.d.get(), &algo, a.workspace,
+      a.workspace_size, stream);
+}
+
+struct EventDeleter {
+  void operator()(cudaEvent_t e) const noexcept {
+    if (e != nullptr) {
+      cudaEventDestroy(e);
+    }
+  }
+};
+using Event = std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, EventDeleter>;
+
+Event makeEvent() {
+  cudaEvent_t e = nullptr;
+  C10_CUDA_CHECK(cudaEventCreate(&e));
+  return Event(e);
+}
+
+// The index of the fastest of `results`, each run on the call's buffers:
+// outputs are overwritten, inputs only read, and the real call follows.
+// Ties go to the heuristic's order.
+int fastest(
+    cublasLtHandle_t handle, const Plan& plan,
+    const cublasLtMatmulHeuristicResult_t* results, int count, const LtMatmulArgs& a,
+    cudaStream_t stream) {
+  std::array<Event, kTimedReps + 1> events;
+  for (auto& e : events) {
+    e = makeEvent();
+  }
+  int best = 0;
+  float best_ms = std::numeric_limits<float>::infinity();
+  for (int i = 0; i < count; ++i) {
+    // NB: a candidate cuBLASLt refuses at launch time is skipped, not fatal.
+    if (launch(handle, plan, results[i].algo, a, stream) != CUBLAS_STATUS_SUCCESS) {
+      continue;
+    }
+    C10_CUDA_CHECK(cudaEventRecord(events[0].get(), stream));
+    bool ok = true;
+    for (int r = 0; r < kTimedReps && ok; ++r) {
+      ok = launch(handle, plan, results[i].algo, a, stream) == CUBLAS_STATUS_SUCCESS;
+      C10_CUDA_CHECK(cudaEventRecord(events[r + 1].get(), stream));
+    }
+    C10_CUDA_CHECK(cudaEventSynchronize(events[kTimedReps].get()));
+    if (!ok) {
+      continue;
+    }
+    for (int r = 0; r < kTimedReps; ++r) {
+      float ms = 0.0f;
+      C10_CUDA_CHECK(cudaEventElapsedTime(&ms, events[r].get(), events[r + 1].get()));
+      if (ms < best_ms) {
+        best_ms = ms;
+        best = i;
+      }
+    }
+  }
+  return best;
+}
+
+// Builds the descriptors and picks the algorithm; plan.mutex is held.
+void build(Plan& plan, cublasLtHandle_t handle, const LtMatmulArgs& a, cudaStream_t stream) {
+  const cudaDataType_t type = toCudaDataType(a.dtype);
+  // kernels.md §2: TF32 only for float32 and only where the caller allows
+  // it; 16-bit types accumulate in float32.
+  const cublasComputeType_t compute = a.dtype == GemmDtype::kFloat32 && a.allow_tf32
+      ? CUBLAS_COMPUTE_32F_FAST_TF32
+      : CUBLAS_COMPUTE_32F;
+  plan.desc = makeMatmulDesc(compute, CUDA_R_32F);
+  setAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA,
+               cublasOperation_t{a.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N});
+  setAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB,
+               cublasOperation_t{a.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N});
+  setAttribute(plan.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, toCublasLtEpilogue(a.epilogue));
+  if (a.epilogue != LtEpilogue::kDefault) {
+    setAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                 static_cast<int32_t>(a.bias_fp32 ? CUDA_R_32F : type));
+    // The heuristic reads the pointer's alignment (part of the key).
+    setAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, a.bias);
+  }
+  plan.a = a.trans_a ? makeMatrixLayout(type, a.k, a.m, a.lda)
+                     : makeMatrixLayout(type, a.m, a.k, a.lda);
+  plan.b = a.trans_b ? makeMatrixLayout(type, a.n, a.k, a.ldb)
+                     : makeMatrixLayout(type, a.k, a.n, a.ldb);
+  plan.c = makeMatrixLayout(type, a.m, a.n, a.c != nullptr ? a.ldc : a.ldd);
+  plan.d = makeMatrixLayout(type, a.m, a.n, a.ldd);
+
+  auto pref = makeMatmulPreference();
+  setAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{a.workspace_size});
+  setAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, pointerAlignment(a.a));
+  setAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, pointerAlignment(a.b));
+  setAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+               pointerAlignment(a.c != nullptr ? a.c : a.d));
+  setAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, pointerAlignment(a.d));
+
+  // NB: no timing while capturing a CUDA graph: event synchronization is
+  // illegal there, and the timed launches would be captured too.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  const int wanted =
+      ltAutotuneEnabled() && capture == cudaStreamCaptureStatusNone ? kMaxCandidates : 1;
+
+  std::array<cublasLtMatmulHeuristicResult_t, kMaxCandidates> results{};
+  int found = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
+      handle, plan.desc.get(), plan.a.get(), plan.b.get(), plan.c.get(), plan.d.get(),
+      pref.get(), wanted, results.data(), &found);
+  // NOT_SUPPORTED: no heuristic for this configuration; like found == 0,
+  // the caller falls back.
+  if (status != CUBLAS_STATUS_NOT_SUPPORTED) {
+    TORCHFUSE_CUBLASLT_CHECK(status);
+  }
+  const int usable = status == CUBLAS_STATUS_SUCCESS
+      ? static_cast<int>(std::stable_partition(
+                             results.begin(), results.begin() + found,
+                             [](const auto& r) { return r.state == CUBLAS_STATUS_SUCCESS; }) -
+                         results.begin())
+      : 0;
+  plan.found = usable > 0;
+  if (plan.found) {
+    const int best = usable > 1 ? fastest(handle, plan, results.data(), usable, a, stream) : 0;
+    plan.algo = results[best].algo;
+  }
+  plan.ready = true;
+}
+
+} // namespace
+
+bool ltAutotuneEnabled() {
+  static const bool enabled = [] {
+    const char* env = std::getenv("TORCHFUSE_CUBLASLT_AUTOTUNE");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return enabled;
+}
+
+bool ltMatmul(cublasLtHandle_t handle, const LtMatmulArgs& a, cudaStream_t stream) {
+  TORCH_INTERNAL_ASSERT(a.m > 0 && a.n > 0 && a.k > 0);
+  TORCH_INTERNAL_ASSERT(a.lda >= (a.trans_a ? a.k : a.m));
+  TORCH_INTERNAL_ASSERT(a.ldb >= (a.trans_b ? a.n : a.k));
+  TORCH_INTERNAL_ASSERT(a.ldd >= a.m && (a.c == nullptr || a.ldc >= a.m));
+  TORCH_INTERNAL_ASSERT((a.epilogue == LtEpilogue::kDefault) == (a.bias == nullptr));
+  int device = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&device));
+  const auto plan = lookup(makeKey(a, device));
+  std::lock_guard<std::mutex> lock(plan->mutex);
+  if (!plan->ready) {
+    build(*plan, handle, a, stream);
+  }
+  if (!plan->found) {
+    return false;
+  }
+  if (a.epilogue != LtEpilogue::kDefault) {
+    setAttribute(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, a.bias);
+  }
+  TORCHFUSE_CUBLASLT_CHECK(launch(handle, *plan, plan->algo, a, stream));
+  return true;
+}
+
+} // namespace torchfuse::kernels
