@@ -2,7 +2,8 @@
 """Benchmarks torchfuse against eager PyTorch, TorchScript,
 optimize_for_inference and torch.compile on the reference workloads, in
 float32 under PyTorch's default precision flags (matmul TF32 off, cuDNN TF32
-on), and measures the device's ceilings in the same run.
+on; gemm_add_relu_tf32 runs under torch.set_float32_matmul_precision('high')),
+and measures the device's ceilings in the same run.
 
     python bench/benchmark.py                      # everything, on CUDA
     python bench/benchmark.py --workloads relu --variants eager,torchfuse
@@ -68,7 +69,8 @@ FLOOR_FORMULA = (
     "fwdbwd also counts the gradients read and written, a 1-bit ReLU mask written and read, "
     "and for matmul_bn_swish the saved BatchNorm input written and read. "
     "FLOPs: 2*M*N*K per GEMM (3 GEMMs fwdbwd), 2*N*Cout*Ho*Wo*Cin*k*k per convolution "
-    "(3 fwdbwd), plus a few per output element for the elementwise tails."
+    "(3 fwdbwd), plus a few per output element for the elementwise tails. "
+    "Workloads run with matmul TF32 allowed (gemm_add_relu_tf32) take P in TF32."
 )
 
 
@@ -128,6 +130,7 @@ class Workload:
     tol: float  # max relative error against eager before a result is flagged
     grad_exclude: tuple = ()  # parameters whose gradient is exactly 0 in exact arithmetic
     desc: str = ""
+    tf32: bool = False  # run under torch.set_float32_matmul_precision("high")
 
     def input_shape(self):
         d = self.dims
@@ -152,7 +155,7 @@ class Workload:
 
     def precision(self) -> str:
         """The matmul ceiling that bounds this workload under default flags."""
-        return "tf32" if self.kind == "conv" else "fp32"
+        return "tf32" if self.kind == "conv" or self.tf32 else "fp32"
 
     def cost(self, pass_: str) -> tuple[float, float]:
         """(FLOPs, bytes) of one run; see FLOOR_FORMULA."""
@@ -197,6 +200,9 @@ def workloads(dry_run: bool) -> dict[str, Workload]:
     out = [
         Workload("gemm_add_relu", "gemm", g, 1e-4, desc="Linear {K}->{N_out} (no bias) + bias + relu, x[{M}, {K}]"),
         Workload("gemm_add_relu_small", "gemm", gs, 1e-4, desc="Linear {K}->{N_out} (no bias) + bias + relu, x[{M}, {K}]"),
+        # two TF32 GEMM implementations may round differently (as for the conv)
+        Workload("gemm_add_relu_tf32", "gemm", g, conv_tol, tf32=True,
+                 desc="Linear {K}->{N_out} (no bias) + bias + relu, x[{M}, {K}], matmul TF32 ('high')"),
         Workload("conv_relu_bias", "conv", c, conv_tol, desc="Conv2d {C}->{Cout} k={k} + relu + bias[{Cout},1,1], x[{N}, {C}, {H}, {W}]"),
         Workload("conv_relu_bias_small", "conv", cs, conv_tol, desc="Conv2d {C}->{Cout} k={k} + relu + bias[{Cout},1,1], x[{N}, {C}, {H}, {W}]"),
         Workload("matmul_bn_swish", "bn", g, 1e-4, grad_exclude=("linear.bias",),
@@ -253,6 +259,20 @@ def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
             err = max(err, (x[fin] - r[fin]).abs().max().item())
             scale = max(scale, r[fin].abs().max().item())
     return err / scale if scale > 0 else err
+
+
+@contextlib.contextmanager
+def matmul_tf32(on: bool):
+    """torch.set_float32_matmul_precision("high") (TF32 matmuls) while on."""
+    if not on:
+        yield
+        return
+    old = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(old)
 
 
 def slug(s: str) -> str:
@@ -489,7 +509,7 @@ class Bench:
         limit = min(self.args.unit_timeout_s, remaining - 1.0)
         t_setup = time.perf_counter()
         try:
-            with time_limit(limit):
+            with time_limit(limit), matmul_tf32(wl.tf32):
                 row = self._measure(u, xs)
         except UnitTimeout as e:
             self.skip(u, str(e), failure=False)
@@ -566,6 +586,8 @@ class Bench:
                "median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
                "reps": len(times), "inputs_rotated": len(xs), "first_call_s": round(first_call_s, 3)}
         row["mode"] = "train" if train else "eval"
+        if wl.tf32:
+            row["matmul_tf32"] = True
         row.update(errs)
         row.update(notes)
         if v == "optimize_for_inference":
