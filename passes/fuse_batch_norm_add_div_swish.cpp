@@ -13,7 +13,8 @@
 // Excluded: running stats None or Tensor? (the op's stats are not optional:
 // TorchScript cannot express `Tensor(a!)?`), add alpha != 1, div by a Tensor
 // or with rounding_mode, a constant zero divisor (the op rejects it),
-// sigmoid of anything but t, and chains whose intermediates have other uses.
+// sigmoid of anything but t, chains whose intermediates have other uses, and
+// chains whose `other` or BN bias is written after them (the op saves both).
 //
 // NB: the fused node sits where the swish was, so a training batch_norm's
 // running-stat update moves down the chain; nothing in between may read or
@@ -98,6 +99,12 @@ std::optional<Match> matchAt(Node* swish, const AliasDb& db) {
     if (!noInterveningWrites(
             db, bn, swish,
             {bn->input(0), bn->input(1), bn->input(2), rm, rv, other})) {
+      continue;
+    }
+    // NB: the op saves `other` and the BN bias to recompute t in its
+    // backward; the unfused chain saves neither, so it trains even when they
+    // are written after the chain.
+    if (!notWrittenAfter(db, bn, {other, bn->input(2)})) {
       continue;
     }
     const bool eval = constantBool(bn->input(5)) == std::optional<bool>(false);

@@ -5,6 +5,7 @@
 #include <torch/csrc/jit/ir/constants.h>
 
 #include <algorithm>
+#include <string>
 #include <string_view>
 
 namespace torchfuse::passes {
@@ -235,6 +236,125 @@ bool noInterveningAccess(
     }
     return true;
   });
+}
+
+namespace {
+
+// "input <i>" for a graph input, "<root>.a.b" for a GetAttr chain from one,
+// "" for anything else.
+std::string slotOf(const Value* v) {
+  const Node* n = v->node();
+  if (n == v->owningGraph()->param_node()) {
+    return "input " + std::to_string(v->offset());
+  }
+  if (n->kind() == c10::prim::GetAttr) {
+    const auto base = slotOf(n->input(0));
+    return base.empty() ? base : base + "." + n->s(c10::attr::name);
+  }
+  return "";
+}
+
+// Every tensor `w` writes (per its schema) is a graph input or attribute
+// other than the ones `values` are.
+bool writesOnlyOtherSlots(const Node* w, const std::vector<Value*>& values) {
+  const auto* schema = w->maybeSchema();
+  if (schema == nullptr) {
+    return false;
+  }
+  std::vector<std::string> slots;
+  for (const Value* v : values) {
+    slots.push_back(slotOf(v));
+    if (slots.back().empty()) {
+      return false;
+    }
+  }
+  // NB: AliasDb special-cases writers whose schemas carry no annotation:
+  // batch_norm and instance_norm write their running statistics (inputs 3
+  // and 4).  For any other writer without an annotated write, what it
+  // writes is unknown.
+  const bool norm = w->kind() == c10::aten::batch_norm ||
+      w->kind() == c10::aten::instance_norm;
+  size_t written = 0;
+  const auto& args = schema->arguments();
+  for (size_t i = 0; i < args.size() && i < w->inputs().size(); ++i) {
+    const auto* info = args[i].alias_info();
+    const bool writes = norm ? (i == 3 || i == 4) : info != nullptr && info->isWrite();
+    if (!writes) {
+      continue;
+    }
+    const auto slot = slotOf(w->input(i));
+    if (slot.empty() ||
+        std::find(slots.begin(), slots.end(), slot) != slots.end()) {
+      return false;
+    }
+    ++written;
+  }
+  return written > 0;
+}
+
+// a and b sit in different blocks of one prim::If: at most one of them runs.
+bool inExclusiveBranches(const Node* a, const Node* b) {
+  for (const Block* ba = a->owningBlock(); ba->owningNode() != nullptr;
+       ba = ba->owningNode()->owningBlock()) {
+    for (const Block* bb = b->owningBlock(); bb->owningNode() != nullptr;
+         bb = bb->owningNode()->owningBlock()) {
+      if (ba->owningNode() == bb->owningNode()) {
+        return ba != bb && ba->owningNode()->kind() == c10::prim::If;
+      }
+    }
+  }
+  return false;
+}
+
+bool isInside(const Node* n, const Node* ancestor) {
+  for (const Node* p = n->owningBlock()->owningNode(); p != nullptr;
+       p = p->owningBlock()->owningNode()) {
+    if (p == ancestor) {
+      return true;
+    }
+  }
+  return false;
+}
+
+} // namespace
+
+bool notWrittenAfter(
+    const AliasDb& db,
+    Node* first,
+    const std::vector<Value*>& values) {
+  std::vector<Value*> tensors;
+  for (Value* v : values) {
+    if (v->type()->kind() != c10::TypeKind::NoneType) {
+      tensors.push_back(v);
+    }
+  }
+  if (tensors.empty()) {
+    return true;
+  }
+  std::vector<const Node*> loops;
+  for (const Node* p = first->owningBlock()->owningNode(); p != nullptr;
+       p = p->owningBlock()->owningNode()) {
+    if (p->kind() == c10::prim::Loop) {
+      loops.push_back(p);
+    }
+  }
+  torch::jit::ValueSet set(tensors.begin(), tensors.end());
+  bool ok = true;
+  forEachNode(first->owningGraph()->block(), [&](Node* w) {
+    // NB: a node with blocks counts its nested writes; those are visited
+    // themselves.
+    if (!ok || w == first || !w->blocks().empty() || !db.writesToAlias(w, set) ||
+        writesOnlyOtherSlots(w, tensors)) {
+      return;
+    }
+    const bool in_loop = std::any_of(loops.begin(), loops.end(), [&](const Node* l) {
+      return isInside(w, l);
+    });
+    if (in_loop || (!w->isBefore(first) && !inExclusiveBranches(w, first))) {
+      ok = false;
+    }
+  });
+  return ok;
 }
 
 bool isFreshUnaliasedTensor(const AliasDb& db, Value* v, const Node* user) {

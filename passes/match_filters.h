@@ -95,6 +95,19 @@ bool noInterveningAccess(
     Node* last,
     const std::vector<Value*>& values,
     const std::vector<Node*>& chain);
+// Nothing that may run after `first` and before the caller's backward
+// writes to anything that may alias `values`: no node later in first's block
+// or an enclosing one, nor anywhere in an enclosing loop's body (the next
+// iteration).  A fused op that saves for backward a tensor the unfused chain
+// does not save would otherwise fail there ("modified by an inplace
+// operation") where the original trains.  NB: AliasDb lets every graph input
+// and module attribute alias every other; a write to a different attribute
+// (by GetAttr path) or a different graph input is taken as not aliasing,
+// i.e. distinct attributes and arguments are assumed to be distinct tensors.
+bool notWrittenAfter(
+    const AliasDb& db,
+    Node* first,
+    const std::vector<Value*>& values);
 // `v` is a fresh tensor only `user` reads: produced by a plain node (no
 // blocks, no side effects, not a graph input, constant or attribute) whose
 // inputs cannot alias it, and used once.  Writing it in place is then not

@@ -54,6 +54,33 @@ class Program(nn.Module):
         {"batch_norm_add_div_swish": 4},
         id="optimize_without_executor_optimization",
     ),
+    # custom_batch_norm_add_div_swish saves `other` (and the BN bias) to
+    # recompute t in its backward; the unfused chain saves neither, so an
+    # in-place write to `other` after the chain made only the optimized
+    # module's backward raise "modified by an inplace operation".
+    pytest.param(
+        """\
+class Program(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("rm0", torch.zeros(6))
+        self.register_buffer("rv1", torch.ones(6))
+        self.p2 = nn.Parameter(torch.randn(6))
+        self.p3 = nn.Parameter(torch.randn(6))
+        self.p8 = nn.Parameter(torch.randn(4, 6))
+    def forward(self, x0, x1):
+        v4 = F.batch_norm(x1, self.rm0, self.rv1, self.p2, self.p3, True, 0.1, 1e-05)
+        v5 = torch.add(v4, x0, alpha=1)
+        v6 = v5 / 2.0
+        v7 = F.silu(v6)
+        x0.sub_(self.p8)
+        return v7
+""",
+        [[4, 6], [4, 6]],
+        202,
+        {"batch_norm_add_div_swish": 0},
+        id="bn_other_written_after_chain",
+    ),
 ]
 
 

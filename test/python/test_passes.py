@@ -534,6 +534,32 @@ class NoRunningStats(nn.Module):  # runningStatsPresent
         return t * torch.sigmoid(t)
 
 
+class OtherWrittenAfter(nn.Module):  # notWrittenAfter
+    def __init__(self):
+        super().__init__()
+        self.bn = nn.BatchNorm1d(4)
+
+    def forward(self, x, r):
+        r = r * 1.0
+        t = (self.bn(x) + r) / 2.0
+        out = t * torch.sigmoid(t)
+        r.mul_(0.5)  # the fused op would have saved r for its backward
+        return out, r
+
+
+def test_bn_chain_whose_other_is_written_afterwards_stays_and_trains():
+    torch.manual_seed(0)
+    ref, src = _twin(OtherWrittenAfter(), torch.float32)
+    opt = _optimize(src)
+    assert torchfuse.report(opt)["batch_norm_add_div_swish"] == 0
+    x, r = torch.randn(3, 4, requires_grad=True), torch.randn(3, 4, requires_grad=True)
+    (out_a, r_a), (out_b, r_b) = ref(x, r), opt(x, r)
+    torch.testing.assert_close(out_b, out_a)
+    (ga,) = torch.autograd.grad(out_a.sum(), r)
+    (gb,) = torch.autograd.grad(out_b.sum(), r)
+    torch.testing.assert_close(gb, ga)
+
+
 @pytest.mark.parametrize(
     "model,inputs,kind",
     [

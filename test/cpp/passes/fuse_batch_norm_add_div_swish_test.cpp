@@ -222,6 +222,38 @@ TEST(FuseBatchNormAddDivSwish, SkipsWhenAnInputIsWrittenInBetween) {  // noInter
   expectUnchanged(ir(c), run);
 }
 
+TEST(FuseBatchNormAddDivSwish, SkipsWhenOtherIsWrittenAfterTheChain) {  // notWrittenAfter
+  // The op saves `other` for its backward; the unfused chain does not.
+  Chain c;
+  c.swish += "\n  %z : Tensor = aten::mul_(%other, %one)";
+  expectUnchanged(ir(c), run);
+}
+
+TEST(FuseBatchNormAddDivSwish, SkipsWhenBiasIsWrittenInALaterIteration) {  // notWrittenAfter
+  expectUnchanged(R"IR(
+graph(%x : Tensor, %b : Tensor, %rm : Tensor, %rv : Tensor, %n : int, %d : float):
+  %one : int = prim::Constant[value=1]()
+  %true : bool = prim::Constant[value=1]()
+  %none : NoneType = prim::Constant()
+  %m : float = prim::Constant[value=0.1]()
+  %out : Tensor = prim::Loop(%n, %true, %x)
+    block0(%i : int, %h : Tensor):
+      %z : Tensor = aten::add_(%b, %one, %one)
+      %y : Tensor = aten::batch_norm(%h, %none, %b, %rm, %rv, %true, %m, %m, %true)
+      %s : Tensor = aten::add(%y, %h, %one)
+      %t : Tensor = aten::div(%s, %d)
+      %o : Tensor = aten::silu(%t)
+      -> (%true, %o)
+  return (%out))IR", run);
+}
+
+TEST(FuseBatchNormAddDivSwish, FusesWhenAnotherInputIsWrittenAfterTheChain) {
+  Chain c;
+  c.extra_inputs = ", %u : Tensor";
+  c.swish += "\n  %z : Tensor = aten::relu_(%u)";
+  expectFused(c);
+}
+
 TEST(FuseBatchNormAddDivSwish, SkipsChainsSpanningBlocks) {  // inSameBlock
   expectUnchanged(R"IR(
 graph(%c : bool, %x : Tensor, %rm : Tensor, %rv : Tensor, %d : float):
