@@ -6,6 +6,7 @@
 #include "ops/conv_relu_add.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/accumulate.h>
 #include <torch/library.h>
 
 #include "ops/common/checks.h"
@@ -70,15 +71,30 @@ int64_t at1(at::IntArrayRef v, int64_t i) {
   return v.size() == 1 ? v[0] : v[i];
 }
 
-void checkParam(const char* name, at::IntArrayRef v, int64_t spatial, int64_t min) {
+void checkParam(
+    const char* op, const char* name, at::IntArrayRef v, int64_t spatial, int64_t min) {
   TORCH_CHECK(
-      v.size() == 1 || static_cast<int64_t>(v.size()) == spatial, kOp,
+      v.size() == 1 || static_cast<int64_t>(v.size()) == spatial, op,
       ": expected ", name, " to have 1 or ", spatial, " elements, got ", v.size());
   for (const auto x : v) {
-    TORCH_CHECK(x >= min, kOp, ": expected ", name, " values >= ", min, ", got ", v);
+    TORCH_CHECK(x >= min, op, ": expected ", name, " values >= ", min, ", got ", v);
   }
 }
 } // namespace
+
+c10::SymInt convMaskBytes(
+    const c10::SymInt& images, const c10::SymInt& channels, const c10::SymInt& positions) {
+  return images * positions * ((channels + 31) / 32) * 4;
+}
+
+at::MemoryFormat convOutputMemoryFormat(const at::Tensor& input, const at::Tensor& weight) {
+  for (const auto format : {at::MemoryFormat::ChannelsLast, at::MemoryFormat::ChannelsLast3d}) {
+    if (input.suggest_memory_format() == format || weight.suggest_memory_format() == format) {
+      return format;
+    }
+  }
+  return at::MemoryFormat::Contiguous;
+}
 
 std::vector<int64_t> convOutputSizes(
     const at::Tensor& input,
@@ -101,6 +117,58 @@ std::vector<int64_t> convOutputSizes(
   return out;
 }
 
+namespace {
+// The checks on the convolution's own arguments; returns its output's shape.
+std::vector<int64_t> checkConvolution(
+    const char* op,
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups) {
+  checkDefined(op, "input", input);
+  checkDefined(op, "weight", weight);
+  TORCH_CHECK(
+      weight.dim() >= 3 && weight.dim() <= 5, op,
+      ": expected weight to be 3-D, 4-D or 5-D (a 1-d, 2-d or 3-d convolution), got ",
+      weight.dim(), "-D");
+  const int64_t spatial = weight.dim() - 2;
+  TORCH_CHECK(
+      input.dim() == weight.dim() || input.dim() == weight.dim() - 1, op,
+      ": expected input to be ", weight.dim(), "-D (batched) or ",
+      weight.dim() - 1, "-D (unbatched) for a ", weight.dim(),
+      "-D weight, got ", input.dim(), "-D");
+  checkFloating(op, "input", input);
+  checkSameDtype(op, "weight", weight, input);
+  checkSameDevice(op, "weight", weight, input);
+  TORCH_CHECK(groups >= 1, op, ": expected groups >= 1, got ", groups);
+  checkParam(op, "stride", stride, spatial, 1);
+  checkParam(op, "padding", padding, spatial, 0);
+  checkParam(op, "dilation", dilation, spatial, 1);
+  const bool batched = input.dim() == weight.dim();
+  const int64_t channels = input.size(batched ? 1 : 0);
+  TORCH_CHECK(
+      channels == weight.size(1) * groups, op, ": expected input to have ",
+      weight.size(1) * groups, " channels (weight.size(1) * groups), got ",
+      channels);
+  TORCH_CHECK(
+      weight.size(0) % groups == 0, op,
+      ": expected weight.size(0) to be divisible by groups (", groups,
+      "), got ", weight.size(0));
+  const int64_t first = batched ? 2 : 1;
+  for (int64_t d = 0; d < spatial; ++d) {
+    TORCH_CHECK(
+        input.size(first + d) + 2 * at1(padding, d) >=
+            at1(dilation, d) * (weight.size(2 + d) - 1) + 1,
+        op, ": expected the padded input (", input.sizes(), " with padding ",
+        padding, ") to be at least the dilated kernel size (", weight.sizes(),
+        " with dilation ", dilation, ")");
+  }
+  return convOutputSizes(input, weight, stride, padding, dilation);
+}
+} // namespace
+
 std::vector<int64_t> checkConvReluAddInputs(
     const at::Tensor& input,
     const at::Tensor& weight,
@@ -110,37 +178,9 @@ std::vector<int64_t> checkConvReluAddInputs(
     at::IntArrayRef dilation,
     int64_t groups,
     const at::Tensor& other) {
-  checkDefined(kOp, "input", input);
-  checkDefined(kOp, "weight", weight);
+  const auto out = checkConvolution(kOp, input, weight, stride, padding, dilation, groups);
   checkDefined(kOp, "other", other);
-  TORCH_CHECK(
-      weight.dim() >= 3 && weight.dim() <= 5, kOp,
-      ": expected weight to be 3-D, 4-D or 5-D (a 1-d, 2-d or 3-d convolution), got ",
-      weight.dim(), "-D");
-  const int64_t spatial = weight.dim() - 2;
-  TORCH_CHECK(
-      input.dim() == weight.dim() || input.dim() == weight.dim() - 1, kOp,
-      ": expected input to be ", weight.dim(), "-D (batched) or ",
-      weight.dim() - 1, "-D (unbatched) for a ", weight.dim(),
-      "-D weight, got ", input.dim(), "-D");
-  checkFloating(kOp, "input", input);
-  checkSameDtype(kOp, "weight", weight, input);
-  checkSameDevice(kOp, "weight", weight, input);
   checkSameDevice(kOp, "other", other, input);
-  TORCH_CHECK(groups >= 1, kOp, ": expected groups >= 1, got ", groups);
-  checkParam("stride", stride, spatial, 1);
-  checkParam("padding", padding, spatial, 0);
-  checkParam("dilation", dilation, spatial, 1);
-  const bool batched = input.dim() == weight.dim();
-  const int64_t channels = input.size(batched ? 1 : 0);
-  TORCH_CHECK(
-      channels == weight.size(1) * groups, kOp, ": expected input to have ",
-      weight.size(1) * groups, " channels (weight.size(1) * groups), got ",
-      channels);
-  TORCH_CHECK(
-      weight.size(0) % groups == 0, kOp,
-      ": expected weight.size(0) to be divisible by groups (", groups,
-      "), got ", weight.size(0));
   if (bias.has_value() && bias->defined()) {
     checkDim(kOp, "bias", *bias, 1);
     TORCH_CHECK(
@@ -150,17 +190,36 @@ std::vector<int64_t> checkConvReluAddInputs(
     checkSameDtype(kOp, "bias", *bias, input);
     checkSameDevice(kOp, "bias", *bias, input);
   }
-  const int64_t first = batched ? 2 : 1;
-  for (int64_t d = 0; d < spatial; ++d) {
-    TORCH_CHECK(
-        input.size(first + d) + 2 * at1(padding, d) >=
-            at1(dilation, d) * (weight.size(2 + d) - 1) + 1,
-        kOp, ": expected the padded input (", input.sizes(), " with padding ",
-        padding, ") to be at least the dilated kernel size (", weight.sizes(),
-        " with dilation ", dilation, ")");
-  }
-  const auto out = convOutputSizes(input, weight, stride, padding, dilation);
   checkBroadcastable(kOp, other, out);
+  return out;
+}
+
+std::vector<int64_t> checkConvReluAddBackwardInputs(
+    const at::Tensor& grad_output,
+    const at::Tensor& mask,
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups) {
+  constexpr const char* kBackward = "torchfuse::custom_conv_relu_add_backward";
+  const auto out =
+      checkConvolution(kBackward, input, weight, stride, padding, dilation, groups);
+  checkDefined(kBackward, "grad_output", grad_output);
+  checkDefined(kBackward, "mask", mask);
+  checkSameDevice(kBackward, "grad_output", grad_output, input);
+  checkSameDevice(kBackward, "mask", mask, input);
+  const bool batched = input.dim() == weight.dim();
+  const int64_t images = batched ? out[0] : 1;
+  const int64_t channels = out[batched ? 1 : 0];
+  const int64_t positions = c10::multiply_integers(out) / std::max<int64_t>(1, images * channels);
+  const int64_t bytes = convMaskBytes(images, channels, positions).expect_int();
+  TORCH_CHECK(
+      mask.scalar_type() == at::kByte && mask.dim() == 1 && mask.numel() == bytes, kBackward,
+      ": expected mask to be the 1-D uint8 tensor of ", bytes,
+      " bytes that custom_conv_relu_add_forward returns for a conv output of shape ",
+      at::IntArrayRef(out), ", got ", mask.scalar_type(), " of shape ", mask.sizes());
   return out;
 }
 

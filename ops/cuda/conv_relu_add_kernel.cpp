@@ -1,18 +1,241 @@
-// NB: until the cuDNN kernels land, CUDA runs the reference composition, so
-// fused graphs already run on GPUs.
+// custom_conv_relu_add on CUDA: eager's own convolution (the same backend,
+// engine and precision as at::conv2d picks, so results match eager's), then
+// our kernels for everything around it:
+//   forward:  one in-place pass over the conv output adding the conv bias,
+//             applying relu, adding a per-channel or scalar `other` and
+//             writing the 1-bit mask, where eager spends three passes;
+//   backward: one pass masking grad_output and summing the conv bias
+//             gradient, then eager's convolution_backward.
+// NB: a channels-last cuDNN convolution would be faster for NCHW inputs, but
+// there cuDNN uses TF32 engines for shapes where its NCHW choice is exact
+// float32, and the result would be less accurate than eager's (see
+// docs/performance.md).
+// Other dtypes and conv outputs in neither layout run the reference
+// composition.
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include "kernels/conv/conv_relu_add.cuh"
 #include "ops/conv_relu_add.h"
+#include "ops/cuda/cuda_types.h"
+
+// The dtypes fastPath admits.
+#define DISPATCH_KERNEL_TYPES(TYPE, NAME, ...)              \
+  AT_DISPATCH_SWITCH(                                      \
+      TYPE, NAME, AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) \
+      AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__)              \
+      AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
+
+namespace torchfuse::ops {
+namespace {
+
+bool kernelDtype(at::ScalarType s) {
+  return s == at::kFloat || s == at::kHalf || s == at::kBFloat16;
+}
+
+bool isChannelsLast(const at::Tensor& t) {
+  return t.is_contiguous(at::MemoryFormat::ChannelsLast) ||
+      t.is_contiguous(at::MemoryFormat::ChannelsLast3d);
+}
+
+// The conv output as the kernels see it: images, channels, positions and
+// whether it is nchw (contiguous) rather than channels-last.
+struct ConvShape {
+  int64_t n, c, s;
+  bool nchw;
+};
+
+ConvShape convShape(at::IntArrayRef sizes, bool batched, bool nchw) {
+  const int64_t n = batched ? sizes[0] : 1;
+  const int64_t c = sizes[batched ? 1 : 0];
+  return {n, c, c10::multiply_integers(sizes.slice(batched ? 2 : 1)), nchw};
+}
+
+// Tensors the kernels take: CUDA, a kernel dtype throughout, grid-sized.
+bool kernelInputs(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias) {
+  const auto dtype = input.scalar_type();
+  const bool bias_ok = !bias || !bias->defined() ||
+      (bias->scalar_type() == dtype && bias->is_cuda());
+  constexpr int64_t kMaxGridZ = 65535;  // the grad prologue's grid
+  return input.is_cuda() && weight.is_cuda() && kernelDtype(dtype) &&
+      weight.scalar_type() == dtype && bias_ok &&
+      (input.dim() < weight.dim() || input.size(0) <= kMaxGridZ);
+}
+
+// `other` as C per-channel values when it is per-channel or scalar-like over
+// the conv output and has its dtype; else undefined.
+at::Tensor perChannel(
+    const at::Tensor& other, at::IntArrayRef sizes, int64_t channel_dim, at::ScalarType dtype) {
+  if (other.scalar_type() != dtype || !other.is_cuda() || other.dim() > int64_t(sizes.size())) {
+    return {};
+  }
+  const int64_t other_channel_dim = other.dim() - (int64_t(sizes.size()) - channel_dim);
+  for (int64_t d = 0; d < other.dim(); ++d) {
+    if (d != other_channel_dim && other.size(d) != 1) {
+      return {};
+    }
+  }
+  const int64_t channels = sizes[channel_dim];
+  if (other.numel() == 1) {
+    return other.reshape({1}).expand({channels}).contiguous();
+  }
+  return other_channel_dim >= 0 && other.size(other_channel_dim) == channels
+      ? other.reshape({channels}).contiguous()
+      : at::Tensor();
+}
+
+std::tuple<at::Tensor, at::Tensor> forwardCuda(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    const at::Tensor& other,
+    const at::Scalar& alpha,
+    bool with_mask) {
+  const auto sizes =
+      checkConvReluAddInputs(input, weight, bias, stride, padding, dilation, groups, other);
+  const bool usable = kernelInputs(input, weight, bias);
+  auto out = usable ? convolve(input, weight, std::nullopt, stride, padding, dilation, groups)
+                    : at::Tensor();
+  if (!usable || out.numel() == 0 || (!out.is_contiguous() && !isChannelsLast(out))) {
+    return with_mask ? convReluAddForwardComposite(
+                           input, weight, bias, stride, padding, dilation, groups, other, alpha)
+                     : std::make_tuple(
+                           convReluAddComposite(
+                               input, weight, bias, stride, padding, dilation, groups, other, alpha),
+                           at::Tensor());
+  }
+  c10::cuda::CUDAGuard guard(input.device());
+  const bool batched = input.dim() == weight.dim();
+  const auto shape = convShape(sizes, batched, out.is_contiguous());
+  at::Tensor mask;
+  if (with_mask) {
+    mask = at::empty(
+        {convMaskBytes(shape.n, shape.c, shape.s).expect_int()}, input.options().dtype(at::kByte));
+  }
+  const auto dtype = input.scalar_type();
+  const auto channel_other = perChannel(other, sizes, batched ? 1 : 0, dtype);
+  const at::Tensor b = bias && bias->defined() ? bias->contiguous() : at::Tensor();
+  DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add", [&] {
+    kernels::convReluAddEpilogue(
+        cudaPtr<scalar_t>(out), b.defined() ? cudaPtr<scalar_t>(b) : nullptr,
+        channel_other.defined() ? cudaPtr<scalar_t>(channel_other) : nullptr,
+        alpha.toFloat(), cudaPtr<scalar_t>(out), shape.nchw,
+        with_mask ? reinterpret_cast<uint32_t*>(mask.data_ptr<uint8_t>()) : nullptr, shape.n,
+        shape.c, shape.s, at::cuda::getCurrentCUDAStream());
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (!channel_other.defined()) {
+    // A full or otherwise broadcast `other`, or one of another dtype: eager's
+    // add, with its broadcasting and type promotion.
+    out = at::add(out, other, alpha);
+  }
+  return {out, mask};
+}
+
+at::Tensor convReluAddCuda(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    const at::Tensor& other,
+    const at::Scalar& alpha) {
+  return std::get<0>(forwardCuda(
+      input, weight, bias, stride, padding, dilation, groups, other, alpha, /*with_mask=*/false));
+}
+
+std::tuple<at::Tensor, at::Tensor> convReluAddForwardCuda(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    const at::Tensor& other,
+    const at::Scalar& alpha) {
+  return forwardCuda(
+      input, weight, bias, stride, padding, dilation, groups, other, alpha, /*with_mask=*/true);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackwardCuda(
+    const at::Tensor& grad_output,
+    const at::Tensor& mask,
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    std::array<bool, 3> output_mask) {
+  const auto sizes = checkConvReluAddBackwardInputs(
+      grad_output, mask, input, weight, stride, padding, dilation, groups);
+  // `other` may broadcast the result beyond the conv output's shape.
+  auto dy = grad_output.sizes() == at::IntArrayRef(sizes) ? grad_output
+                                                           : grad_output.sum_to_size(sizes);
+  if (!kernelInputs(input, weight, std::nullopt) || dy.scalar_type() != input.scalar_type() ||
+      !mask.is_contiguous() || dy.numel() == 0) {
+    return convReluAddBackwardComposite(
+        grad_output, mask, input, weight, stride, padding, dilation, groups, output_mask);
+  }
+  c10::cuda::CUDAGuard guard(input.device());
+  const bool batched = input.dim() == weight.dim();
+  if (!dy.is_contiguous() && !isChannelsLast(dy)) {
+    dy = dy.contiguous();
+  }
+  // g goes to convolution_backward in the conv output's layout, as eager's
+  // relu backward gives it.
+  const auto format = batched ? convOutputMemoryFormat(input, weight) : at::MemoryFormat::Contiguous;
+  auto g = at::empty(sizes, dy.options().memory_format(format));
+  const auto shape = convShape(sizes, batched, format == at::MemoryFormat::Contiguous);
+  at::Tensor sum_g;
+  if (output_mask[2]) {
+    sum_g = at::empty(
+        {kernels::convReluAddGradParts(shape.n, shape.c, shape.s), shape.c},
+        dy.options().dtype(at::kDouble));
+  }
+  DISPATCH_KERNEL_TYPES(dy.scalar_type(), "custom_conv_relu_add_backward", [&] {
+    kernels::convReluAddGradPrologue(
+        cudaPtr<scalar_t>(dy), dy.is_contiguous(),
+        reinterpret_cast<const uint32_t*>(mask.data_ptr<uint8_t>()), cudaPtr<scalar_t>(g),
+        shape.nchw, sum_g.defined() ? sum_g.data_ptr<double>() : nullptr, nullptr, shape.n,
+        shape.c, shape.s, at::cuda::getCurrentCUDAStream());
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  at::Tensor grad_input, grad_weight, grad_bias;
+  if (output_mask[0] || output_mask[1]) {
+    std::tie(grad_input, grad_weight, std::ignore) = convolveBackward(
+        g, input, weight, stride, padding, dilation, groups,
+        {output_mask[0], output_mask[1], false});
+  }
+  if (sum_g.defined()) {
+    grad_bias = sum_g.sum(0).to(input.scalar_type());
+  }
+  return {grad_input, grad_weight, grad_bias};
+}
+
+} // namespace
+} // namespace torchfuse::ops
 
 TORCH_LIBRARY_IMPL(torchfuse, CUDA, m) {
   using namespace torchfuse::ops;
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add"),
-      TORCH_FN(convReluAddComposite));
+  m.impl(TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add"), TORCH_FN(convReluAddCuda));
   m.impl(
       TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add_forward"),
-      TORCH_FN(convReluAddForwardComposite));
+      TORCH_FN(convReluAddForwardCuda));
   m.impl(
       TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add_backward"),
-      TORCH_FN(convReluAddBackwardComposite));
+      TORCH_FN(convReluAddBackwardCuda));
 }

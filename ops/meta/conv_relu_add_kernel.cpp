@@ -3,7 +3,6 @@
 
 #include "ops/common/autograd_utils.h"
 #include "ops/common/checks.h"
-#include "ops/common/relu_mask.h"
 #include "ops/conv_relu_add.h"
 
 namespace torchfuse::ops {
@@ -13,8 +12,8 @@ int64_t at1(at::IntArrayRef v, int64_t i) {
   return v.size() == 1 ? v[0] : v[i];
 }
 
-// The conv output, in symbolic sizes where the input has them.  A batched
-// conv keeps the input's memory format (channels-last stays).
+// The conv output, in symbolic sizes where the input has them, in the memory
+// format eager's convolution gives.
 at::Tensor convOutputMeta(
     const at::Tensor& input,
     const at::Tensor& weight,
@@ -39,8 +38,8 @@ at::Tensor convOutputMeta(
         at1(dilation, d) * (weight.sym_size(2 + d) - 1) - 1;
     sizes.push_back(extent / at1(stride, d) + 1);
   }
-  const auto format =
-      batched ? input.suggest_memory_format() : at::MemoryFormat::Contiguous;
+  const auto format = batched ? convOutputMemoryFormat(input, weight)
+                               : at::MemoryFormat::Contiguous;
   return at::empty_symint(sizes, input.options().memory_format(format));
 }
 
@@ -71,10 +70,17 @@ std::tuple<at::Tensor, at::Tensor> convReluAddForwardMeta(
     const at::Scalar& alpha) {
   const auto conv = convOutputMeta(
       input, weight, bias, stride, padding, dilation, groups, other);
+  const bool batched = input.dim() == weight.dim();
+  const c10::SymInt images = batched ? conv.sym_size(0) : c10::SymInt(1);
+  c10::SymInt positions = 1;
+  for (int64_t d = batched ? 2 : 1; d < conv.dim(); ++d) {
+    positions = positions * conv.sym_size(d);
+  }
   return {
       at::add(conv, other, alpha),
       at::empty_symint(
-          {reluMaskBytes(conv.sym_numel())}, input.options().dtype(at::kByte))};
+          {convMaskBytes(images, weight.sym_size(0), positions)},
+          input.options().dtype(at::kByte))};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackwardMeta(

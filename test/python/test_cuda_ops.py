@@ -194,11 +194,19 @@ def test_linear_add_relu(case, precision, gen):
 # ------------------------------------------------------------------ conv ----
 
 CONV_CASES = {
-    # name: (x shape, weight shape, bias, stride, padding, dilation, groups, other shape, alpha, channels_last)
+    # name: (x shape, weight shape, bias, stride, padding, dilation, groups, other shape, alpha,
+    #        channels-last: True (input and weight), "x" or "w" (that one only), False)
     "2d-basic": ((4, 8, 17, 19), (16, 8, 3, 3), True, [1, 1], [0, 0], [1, 1], 1, (16, 1, 1), 1.0, False),
     "2d-stride-pad-dil": ((3, 8, 20, 15), (12, 8, 3, 3), True, [2, 1], [1, 2], [2, 1], 1, None, 0.5, False),
     "2d-groups-nobias": ((2, 8, 11, 13), (16, 4, 3, 3), False, [1, 1], [1, 1], [1, 1], 2, (1, 16, 1, 1), -1.0, False),
     "2d-channels-last": ((4, 8, 17, 19), (16, 8, 3, 3), True, [1, 1], [1, 1], [1, 1], 1, (16, 1, 1), 1.0, True),
+    "2d-input-cl": ((4, 8, 17, 19), (16, 8, 3, 3), True, [1, 1], [1, 1], [1, 1], 1, (16, 1, 1), 1.0, "x"),
+    "2d-weight-cl": ((4, 8, 17, 19), (16, 8, 3, 3), False, [1, 1], [0, 0], [1, 1], 1, (1,), 1.0, "w"),
+    "2d-c40-scalar-other": ((3, 5, 9, 10), (40, 5, 3, 3), True, [1, 1], [1, 1], [1, 1], 1, (1,), 2.0, False),
+    "2d-many-positions": ((2, 16, 70, 66), (48, 16, 3, 3), True, [1, 1], [0, 0], [1, 1], 1, (48, 1, 1), 1.0, False),
+    "2d-stride-groups-cl": ((3, 12, 21, 18), (24, 4, 3, 3), True, [2, 2], [1, 0], [1, 2], 3, (24, 1, 1), -0.5, True),
+    "2d-other-per-position": ((2, 8, 12, 13), (16, 8, 3, 3), True, [1, 1], [0, 0], [1, 1], 1, (10, 11), 1.0, False),
+    "2d-other-beyond-output": ((2, 8, 12, 13), (16, 8, 3, 3), True, [1, 1], [0, 0], [1, 1], 1, (3, 1, 16, 1, 1), 1.0, False),
     "1d": ((4, 8, 33), (12, 8, 5), True, [1], [2], [1], 1, (12, 1), 1.0, False),
     "3d": ((2, 4, 6, 7, 8), (8, 4, 3, 3, 3), True, [1, 1, 1], [0, 1, 0], [1, 1, 1], 1, (8, 1, 1, 1), 1.0, False),
 }
@@ -220,8 +228,9 @@ def _conv_inputs(case, dtype, gen):
     fan_in = ws[1] * int(torch.tensor(ws[2:]).prod())
     x = signed_randn(*xs, dtype=dtype, generator=gen)
     w = signed_randn(*ws, dtype=dtype, generator=gen, scale=fan_in**-0.5)
-    if cl:
+    if cl in (True, "x"):
         x = x.contiguous(memory_format=torch.channels_last)
+    if cl in (True, "w"):
         w = w.contiguous(memory_format=torch.channels_last)
     if os_ is None:  # a full-size residual
         with torch.no_grad():
@@ -244,6 +253,47 @@ def test_conv_relu_add(case, precision, gen):
     inputs = _conv_inputs(case, precision, gen)
     grad = tuple(k for k in ("x", "w", "b", "other") if inputs[k] is not None)
     check_against_eager(_conv_fused, _conv_eager, inputs, grad=grad, gen=gen, label=f"conv_relu_add {case}")
+
+
+@pytest.mark.parametrize("case", ["2d-basic", "2d-input-cl", "2d-weight-cl", "2d-stride-groups-cl"])
+def test_conv_relu_add_memory_format(case, gen):
+    """The output has the strides eager's gives (NCHW in, NCHW out; a
+    channels-last input or weight gives channels-last)."""
+    inputs = _conv_inputs(case, torch.float32, gen)
+    with torch.no_grad():
+        assert _conv_fused(**inputs).stride() == _conv_eager(**inputs).stride()
+
+
+def _small_integers(*shape, gen, memory_format=torch.contiguous_format):
+    # |values| <= 3: every product and sum is exact in TF32 and float32, so
+    # CUDA and CPU agree bit for bit, zeros of the pre-activation included.
+    t = torch.randint(-3, 4, shape, generator=gen, device="cuda").float()
+    return t.contiguous(memory_format=memory_format)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "channels-last"])
+@pytest.mark.parametrize("channels", [16, 40, 64])
+def test_conv_relu_add_mask_and_backward_match_cpu(layout, channels, gen):
+    """The forward op's mask and the backward op's gradients on CUDA equal
+    the CPU composition's exactly on inputs where the conv is exact."""
+    fmt = torch.channels_last if layout == "channels-last" else torch.contiguous_format
+    x = _small_integers(3, 8, 11, 9, gen=gen, memory_format=fmt)
+    w = _small_integers(channels, 8, 3, 3, gen=gen)
+    b = _small_integers(channels, gen=gen)
+    other = _small_integers(channels, 1, 1, gen=gen)
+    args = ([1, 1], [1, 1], [1, 1], 1)
+    out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 1.0)
+    out_cpu, mask_cpu = ops.custom_conv_relu_add_forward(x.cpu(), w.cpu(), b.cpu(), *args, other.cpu(), 1.0)
+    assert torch.equal(out.cpu(), out_cpu)
+    assert torch.equal(mask.cpu(), mask_cpu), "masks differ"
+    # the pre-activation is zero in places: the boundary is exercised
+    pre = F.conv2d(x.cpu(), w.cpu(), b.cpu(), padding=1)
+    assert (pre == 0).any() and (pre > 0).any() and (pre < 0).any()
+    gy = _small_integers(*out.shape, gen=gen)
+    got = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True])
+    want = ops.custom_conv_relu_add_backward(gy.cpu(), mask_cpu, x.cpu(), w.cpu(), *args, [True, True, True])
+    for name, g, r in zip(("input", "weight", "bias"), got, want):
+        assert torch.equal(g.cpu(), r), f"grad of {name} differs"
 
 
 # ------------------------------------------------------------- batch norm ----
@@ -498,8 +548,10 @@ SANITIZER_CASE = textwrap.dedent(
             return torch.randn(*shape, device="cuda", dtype=dtype).requires_grad_(True)
         x, w, b, o = leaf(5, 33), leaf(7, 33), leaf(7), leaf(5, 7)
         ops.custom_linear_add_relu(x, w, b, o, 1.0).sum().backward()
-        x, w, b, o = leaf(2, 3, 9, 11), leaf(4, 3, 3, 3), leaf(4), leaf(4, 1, 1)
+        x, w, b, o = leaf(2, 3, 9, 11), leaf(36, 3, 3, 3), leaf(36), leaf(36, 1, 1)
         ops.custom_conv_relu_add(x, w, b, [1, 1], [1, 1], [1, 1], 1, o, 1.0).sum().backward()
+        xc = x.detach().contiguous(memory_format=torch.channels_last).requires_grad_(True)
+        ops.custom_conv_relu_add(xc, w, None, [2, 1], [0, 1], [1, 1], 1, leaf(1), 1.0).sum().backward()
         for shape in ((37, 19), (3, 19, 5, 7)):
             x, g, bb, o = leaf(*shape), leaf(19), leaf(19), leaf(1)
             rm = torch.zeros(19, device="cuda", dtype=dtype)
