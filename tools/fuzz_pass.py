@@ -735,6 +735,24 @@ def check_source(
     return outcome
 
 
+def _script_and_optimize(model, freeze: bool, what: str, outcome: Outcome):
+    """(scripted, optimized), counting the fused nodes; optimized is None
+    (a failure recorded) if optimize raised."""
+    try:
+        ref = torch.jit.script(model)
+    except Exception as e:  # noqa: BLE001
+        raise Invalid(f"script: {type(e).__name__}: {str(e).splitlines()[0]}")
+    try:
+        opt = torchfuse.optimize(ref, freeze=freeze)
+    except Exception as e:  # noqa: BLE001
+        outcome.failures.append(f"{what}: optimize raised: {str(e).splitlines()[0]}")
+        return ref, None
+    for op, n in torchfuse.report(opt).items():
+        if op in OPS and n:
+            outcome.fused[op] += n
+    return ref, opt
+
+
 def _check(cls, input_shapes, seed, dtypes, modes, stop_early, outcome) -> None:
     for dname in dtypes:
         dtype = DTYPES[dname]
@@ -744,18 +762,9 @@ def _check(cls, input_shapes, seed, dtypes, modes, stop_early, outcome) -> None:
         g = torch.Generator().manual_seed(seed + 1)
         inputs = [torch.randn(s, generator=g).to(dtype) for s in input_shapes]
         if "train" in modes or "eval" in modes:
-            try:
-                ref = torch.jit.script(model)
-            except Exception as e:  # noqa: BLE001
-                raise Invalid(f"script: {type(e).__name__}: {str(e).splitlines()[0]}")
-            try:
-                opt = torchfuse.optimize(ref)
-            except Exception as e:  # noqa: BLE001
-                outcome.failures.append(f"{dname} train: optimize raised: {str(e).splitlines()[0]}")
+            ref, opt = _script_and_optimize(model, False, f"{dname} train", outcome)
+            if opt is None:
                 return
-            for op, n in torchfuse.report(opt).items():
-                if op in OPS and n:
-                    outcome.fused[op] += n
             steps = (["train"] * 2 if "train" in modes else []) + (["eval"] if "eval" in modes else [])
             for i, mode in enumerate(steps):
                 if mode == "eval":
@@ -765,21 +774,21 @@ def _check(cls, input_shapes, seed, dtypes, modes, stop_early, outcome) -> None:
                 if stop_early and outcome.failures:
                     return
         if "frozen" in modes:
-            try:
-                ref = torch.jit.script(frozen_base)
-            except Exception as e:  # noqa: BLE001
-                raise Invalid(f"script: {type(e).__name__}: {str(e).splitlines()[0]}")
-            try:
-                opt = torchfuse.optimize(ref, freeze=True)
-            except Exception as e:  # noqa: BLE001
-                outcome.failures.append(f"{dname} frozen: optimize raised: {str(e).splitlines()[0]}")
+            ref, opt = _script_and_optimize(frozen_base, True, f"{dname} frozen", outcome)
+            if opt is None:
                 return
-            for op, n in torchfuse.report(opt).items():
-                if op in OPS and n:
-                    outcome.fused[op] += n
             _run_step(ref, opt, inputs, seed + 7, dtype, True, False, f"{dname} frozen", outcome)
             if stop_early and outcome.failures:
                 return
+
+
+def assert_keeps_meaning(source: str, input_shapes, seed: int, fused: Dict[str, int]) -> None:
+    """The body of a regression test: no failure, and `fused` gives the
+    fused node count per op (summed over dtypes and modes) where it matters."""
+    outcome = check_source(source, input_shapes, seed)
+    assert outcome.failures == [], outcome.failures
+    for op, n in fused.items():
+        assert outcome.fused[op] == n, (op, outcome.fused[op])
 
 
 def check_program(prog: Program, seed: int, **kw) -> Outcome:
@@ -868,10 +877,7 @@ CASES = [
 
 @pytest.mark.parametrize("source,input_shapes,seed,fused", CASES)
 def test_optimize_keeps_meaning(source, input_shapes, seed, fused):
-    outcome = fuzz_pass.check_source(source, input_shapes, seed)
-    assert outcome.failures == []
-    for op, n in fused.items():
-        assert outcome.fused[op] == n
+    fuzz_pass.assert_keeps_meaning(source, input_shapes, seed, fused)
 '''
 
 
