@@ -623,6 +623,9 @@ class Outcome:
     failures: List[str] = dataclasses.field(default_factory=list)
     fused: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     backward_skipped: int = 0
+    # The original's float64 results by step and tensor: the float32 runs
+    # use the same values rounded, so these are their exact answers.
+    exact: Dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
 
 def _flat(out) -> List[torch.Tensor]:
@@ -701,10 +704,32 @@ def _run_step(ref, opt, inputs, rng_seed, dtype, grads: bool, params: bool, what
                 if params:
                     pa, pb = dict(ref.named_parameters()), dict(opt.named_parameters())
                     checks += [(f"grad of {n}", pa[n].grad, pb[n].grad) for n in pa]
+    step = what.split(" ", 1)[1]
     for name, a, b in checks:
+        if dtype == torch.float64 and a is not None:
+            outcome.exact[f"{step}: {name}"] = a.detach().clone()
         msg = _mismatch(a, b, dtype)
-        if msg:
+        if msg and not _as_accurate(a, b, outcome.exact.get(f"{step}: {name}"), dtype):
             outcome.failures.append(f"{what}: {name}: {msg}")
+
+
+def _as_accurate(a, b, exact, dtype) -> bool:
+    """b is within the tolerance of, or no more than 4 times as far as a
+    from, the exact answer: a float32 difference that only reflects an
+    ill-conditioned computation (e.g. a BatchNorm of a constant, whose
+    1/sqrt(eps) amplifies rounding) is not a change of meaning."""
+    if exact is None or a is None or b is None or a.shape != exact.shape or b.shape != exact.shape:
+        return False
+
+    def error(t):
+        t = t.detach().double()
+        d = (t - exact).abs()
+        d[(t == exact) | (torch.isnan(t) & torch.isnan(exact))] = 0
+        return d.nan_to_num(nan=float("inf")).max().item() if d.numel() else 0.0
+
+    finite = exact[torch.isfinite(exact)]
+    scale = max(1.0, finite.abs().max().item()) if finite.numel() else 1.0
+    return error(b) <= TOLERANCE[dtype] * scale + 4 * error(a)
 
 
 def check_source(
@@ -943,7 +968,8 @@ def run(programs: int, seed: int, start: int = 0, shrink_failures: bool = True,
             log("  " + f)
         if shrink_failures:
             first = outcome.failures[0]
-            dtypes = [d for d in DTYPES if d in first] or list(DTYPES)
+            # NB: float32 is judged against the float64 results.
+            dtypes = ["float64", "float32"] if "float32" in first else ["float64"]
             modes = [m for m in MODES if f" {m}" in first] or list(MODES)
             prog = shrink(prog, index, dtypes, modes)
         log(textwrap.indent(prog.source(), "    "))
