@@ -236,9 +236,10 @@ void build(Plan& plan, cublasLtHandle_t handle, const LtMatmulArgs& a, cudaStrea
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
       handle, plan.desc.get(), plan.a.get(), plan.b.get(), plan.c.get(), plan.d.get(),
       pref.get(), wanted, results.data(), &found);
-  // NOT_SUPPORTED: no heuristic for this configuration; like found == 0,
-  // the caller falls back.
-  if (status != CUBLAS_STATUS_NOT_SUPPORTED) {
+  // NOT_SUPPORTED: no heuristic for this configuration; INVALID_VALUE: a
+  // configuration this cuBLASLt rejects (seen for float16 with odd leading
+  // dimensions and a float32 bias).  Like found == 0, the caller falls back.
+  if (status != CUBLAS_STATUS_NOT_SUPPORTED && status != CUBLAS_STATUS_INVALID_VALUE) {
     TORCHFUSE_CUBLASLT_CHECK(status);
   }
   const int usable = status == CUBLAS_STATUS_SUCCESS
