@@ -23,7 +23,7 @@
 //     (l % V == 0), then reduces across the block with warp shuffles.
 // * Elementwise passes read the per-channel coefficients from the workspace.
 //
-// Workspace: 8 * c float coefficients, c double per-channel sums of g_bn,
+// Workspace: 10 * c float coefficients, c double per-channel sums of g_bn,
 // then 2 * splits * c partials (float or double, see ReduceAcc).
 
 namespace torchfuse::kernels {
@@ -44,7 +44,9 @@ enum Coef : int {
   kP = 4,      // w * invstd
   kQ = 5,      // sum g_bn / M
   kR = 6,      // sum g_bn * xhat / M
-  kNumCoefSlots = 8,
+  kALo = 7,    // a - (double)kA: a = kA + kALo in float64
+  kKLo = 8,    // k - (double)kK
+  kNumCoefSlots = 10,
 };
 
 // ---------------------------------------------------------------- types ----
@@ -215,12 +217,14 @@ __device__ __forceinline__ int64_t statsShiftIndex(int64_t ch, int64_t l) {
 
 struct ChannelCoef {
   float mu, a, k, invstd;
+  float a_lo = 0.f, k_lo = 0.f;  // read by the float64 terms (bwdTerms) only
 };
 
 __device__ __forceinline__ ChannelCoef loadCoef(const float* coef, int64_t c, int64_t ch) {
   return {
       __ldg(coef + kMu * c + ch), __ldg(coef + kA * c + ch),
-      __ldg(coef + kK * c + ch), __ldg(coef + kInvstd * c + ch)};
+      __ldg(coef + kK * c + ch), __ldg(coef + kInvstd * c + ch),
+      __ldg(coef + kALo * c + ch), __ldg(coef + kKLo * c + ch)};
 }
 
 // As PyTorch: 1 / (1 + exp(-t)); NaN and +-Inf propagate as there.  The
@@ -246,15 +250,46 @@ swishGrad(float g, float x, const ChannelCoef& cf, float inv_d, float* xm_out) {
   return g * s * (1.f + t * (1.f - s)) * inv_d;
 }
 
+// Type of the backward reductions' per-element terms and chunk sums.
+template <typename T>
+using BwdTerm = std::conditional_t<std::is_same_v<T, float>, double, float>;
+
+// Adds g_bn and g_bn * xhat to (c0, c1).  NB: for float32 the terms are
+// float64.  A one-element `other`'s gradient sums g_bn over every element
+// while gy is signed, so |sum| is ~ sum |g_bn| / sqrt(M): float32 terms carry
+// rounding errors (of t, s, 1 - s, the products) as large as eager's, and
+// that sum then lands either side of 2x eager's error depending on the
+// draw.  Float64 terms leave only the rounding of the saved statistics and
+// of the result.  16-bit inputs keep float32 (their errors are far larger).
+template <typename T>
+__device__ __forceinline__ void bwdTerms(
+    float g, float x, const ChannelCoef& cf, double inv_d, BwdTerm<T>& c0, BwdTerm<T>& c1) {
+  if constexpr (std::is_same_v<T, float>) {
+    const double xm = static_cast<double>(x) - static_cast<double>(cf.mu);
+    const double a = static_cast<double>(cf.a) + static_cast<double>(cf.a_lo);
+    const double k = static_cast<double>(cf.k) + static_cast<double>(cf.k_lo);
+    const double t = fma(xm, a, k);
+    const double s = 1.0 / (1.0 + exp(-t));
+    const double gb = static_cast<double>(g) * s * (1.0 + t * (1.0 - s)) * inv_d;
+    c0 += gb;
+    c1 += gb * (xm * static_cast<double>(cf.invstd));
+  } else {
+    float xm;
+    const float gb = swishGrad<T>(g, x, cf, static_cast<float>(inv_d), &xm);
+    c0 += gb;
+    c1 += gb * (xm * cf.invstd);
+  }
+}
+
 // ------------------------------------------------------- reductions ----
 
 // NB: the backward's sums accumulate in float64 from the thread level on.
 // They cancel heavily (g_bn is signed), and the gradient of a one-element
 // `other` sums g_bn over every element: float32 accumulators lost enough
 // digits there to exceed eager's error against float64.  Each thread adds
-// the float32 sum of its kUnroll-row chunk to its double accumulator, so the
-// FP64 work (and the float -> double conversions) stay a small fraction of
-// a memory-bound pass.  The forward statistics stay float32 (shifted
+// the sum of its kUnroll-row chunk (float64 for float32 inputs, whose
+// per-element terms are float64 too, see bwdTerms; float32 otherwise) to its
+// double accumulator.  The forward statistics stay float32 (shifted
 // Welford), whose error is relative to the spread of a channel.
 template <bool kBwd>
 using ReduceAcc = std::conditional_t<kBwd, double, float>;
@@ -269,7 +304,7 @@ __global__ void __launch_bounds__(kColX* kColY) columnReduceKernel(
     int64_t c,
     int64_t per,
     const float* __restrict__ coef,
-    float inv_d,
+    double inv_d,
     ReduceAcc<kBwd>* __restrict__ part0,
     ReduceAcc<kBwd>* __restrict__ part1) {
   using Acc = ReduceAcc<kBwd>;
@@ -322,7 +357,7 @@ __global__ void __launch_bounds__(kColX* kColY) columnReduceKernel(
           }
         }
       }
-      float c0[kBwd ? V : 1] = {}, c1[kBwd ? V : 1] = {};
+      BwdTerm<T> c0[kBwd ? V : 1] = {}, c1[kBwd ? V : 1] = {};
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         if (r + u * kColY < r1) {
@@ -339,11 +374,7 @@ __global__ void __launch_bounds__(kColX* kColY) columnReduceKernel(
           } else {
 #pragma unroll
             for (int k = 0; k < V; ++k) {
-              float xm;
-              const float gb =
-                  swishGrad<T>(toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf[k], inv_d, &xm);
-              c0[k] += gb;
-              c1[k] += gb * (xm * cf[k].invstd);
+              bwdTerms<T>(toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf[k], inv_d, c0[k], c1[k]);
             }
           }
         }
@@ -400,7 +431,7 @@ __global__ void __launch_bounds__(kThreads) planeReduceKernel(
     int64_t m,
     int64_t per,
     const float* __restrict__ coef,
-    float inv_d,
+    double inv_d,
     ReduceAcc<kBwd>* __restrict__ part0,
     ReduceAcc<kBwd>* __restrict__ part1) {
   using Acc = ReduceAcc<kBwd>;
@@ -433,7 +464,7 @@ __global__ void __launch_bounds__(kThreads) planeReduceKernel(
         }
       }
     }
-    float c0 = 0.f, c1 = 0.f;  // this chunk's backward sums
+    BwdTerm<T> c0 = 0, c1 = 0;  // this chunk's backward sums
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       if (e + u * kStep < e1) {
@@ -460,11 +491,7 @@ __global__ void __launch_bounds__(kThreads) planeReduceKernel(
         } else {
 #pragma unroll
           for (int k = 0; k < V; ++k) {
-            float xm;
-            const float gb =
-                swishGrad<T>(toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf, inv_d, &xm);
-            c0 += gb;
-            c1 += gb * (xm * cf.invstd);
+            bwdTerms<T>(toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf, inv_d, c0, c1);
           }
         }
       }
@@ -528,8 +555,12 @@ __device__ void writeCoef(
   const double s = loadChannel(aff.other, ch, 0.0);
   const double d = aff.divisor;
   coef[kMu * c + ch] = mean;
-  coef[kA * c + ch] = static_cast<float>(w * invstd / d);
-  coef[kK * c + ch] = static_cast<float>((b + s) / d);
+  const double a = w * invstd / d;
+  const double k = (b + s) / d;
+  coef[kA * c + ch] = static_cast<float>(a);
+  coef[kK * c + ch] = static_cast<float>(k);
+  coef[kALo * c + ch] = static_cast<float>(a - static_cast<float>(a));
+  coef[kKLo * c + ch] = static_cast<float>(k - static_cast<float>(k));
   coef[kInvstd * c + ch] = invstd;
   coef[kP * c + ch] = static_cast<float>(w * invstd);
 }
@@ -829,7 +860,7 @@ void launchReduce(
     const T* x,
     const T* g,
     const float* coef,
-    float inv_d,
+    double inv_d,
     ReduceAcc<kBwd>* part0,
     ReduceAcc<kBwd>* part1,
     cudaStream_t stream) {
@@ -910,7 +941,7 @@ void batchNormSwishTrainForward(
   withVec<T>(p, aligned16(x) && aligned16(out), [&](auto vc) {
     constexpr int V = decltype(vc)::value;
     launchReduce<T, V, false>(
-        p, shape, x, nullptr, nullptr, 0.f, ws.part0, ws.part1, stream);
+        p, shape, x, nullptr, nullptr, 0.0, ws.part0, ws.part1, stream);
     trainStatsFinalizeKernel<T><<<channelBlocks(shape.c), kThreads, 0, stream>>>(
         x, ws.part0, ws.part1, shape.c, shape.l, p.splits, p.total, p.per,
         shape.n * shape.l, affine, running_mean, running_var, momentum, eps,
@@ -980,7 +1011,8 @@ void batchNormSwishBackward(
     constexpr int V = decltype(vc)::value;
     if (need_sums) {
       launchReduce<T, V, true>(
-          p, shape, x, grad_output, ws.coef, inv_d, ws.part0, ws.part1, stream);
+          p, shape, x, grad_output, ws.coef, 1.0 / affine.divisor, ws.part0,
+          ws.part1, stream);
       backwardSumsFinalizeKernel<<<channelBlocks(shape.c), kThreads, 0, stream>>>(
           ws.part0, ws.part1, shape.c, p.splits, shape.n * shape.l, grads,
           other_per_channel, ws.channel_sum, ws.coef);

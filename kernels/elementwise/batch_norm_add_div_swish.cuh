@@ -8,7 +8,8 @@
 // (N, C) input is l = 1, a contiguous (N, C, *) one has l = prod(*), a
 // channels-last one is (N * prod(*), C, 1).  Elementwise arithmetic and the
 // forward statistics are float32 whatever T is; the backward's sums
-// accumulate in float64, and per-channel finishing steps run in float64.
+// accumulate in float64 (for float32 inputs from float64 per-element terms,
+// t and s' included), and per-channel finishing steps run in float64.
 //
 //   t   = (x - mu_c) * a_c + k_c,   a_c = w_c * invstd_c / d,
 //                                   k_c = (b_c + s_c) / d
