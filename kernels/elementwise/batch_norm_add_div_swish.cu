@@ -22,9 +22,12 @@
 //     channel's n * l elements in 16-byte vectors that never straddle planes
 //     (l % V == 0), then reduces across the block with warp shuffles.
 // * Elementwise passes read the per-channel coefficients from the workspace.
+// * The backward's reductions and its fused dx pass serve 16-bit inputs; a
+//   float32 training backward takes g_bn alone (batchNormSwishGradBn) and
+//   ATen's batch-norm backward, so its error is eager's.
 //
-// Workspace: 10 * c float coefficients, c double per-channel sums of g_bn,
-// then 2 * splits * c partials (float or double, see ReduceAcc).
+// Workspace: kNumCoefSlots * c float coefficients, c double per-channel sums
+// of g_bn, then 2 * splits * c partials (float or double, see ReduceAcc).
 
 namespace torchfuse::kernels {
 namespace {
@@ -44,8 +47,10 @@ enum Coef : int {
   kP = 4,      // w * invstd
   kQ = 5,      // sum g_bn / M
   kR = 6,      // sum g_bn * xhat / M
-  kALo = 7,    // a - (double)kA: a = kA + kALo in float64
-  kKLo = 8,    // k - (double)kK
+  kMuLo = 7,   // mean - (float)mean: the forward centres on mu + mu_lo
+  kALo = 8,    // a - (float)a: a = kA + kALo in float64 (float64 terms)
+  kKLo = 9,    // k - (float)k
+  // An even count keeps the float64 regions after the slots 8-byte aligned.
   kNumCoefSlots = 10,
 };
 
@@ -217,7 +222,7 @@ __device__ __forceinline__ int64_t statsShiftIndex(int64_t ch, int64_t l) {
 
 struct ChannelCoef {
   float mu, a, k, invstd;
-  float a_lo = 0.f, k_lo = 0.f;  // read by the float64 terms (bwdTerms) only
+  float a_lo = 0.f, k_lo = 0.f;  // read by the float64 terms only
 };
 
 __device__ __forceinline__ ChannelCoef loadCoef(const float* coef, int64_t c, int64_t ch) {
@@ -250,27 +255,36 @@ swishGrad(float g, float x, const ChannelCoef& cf, float inv_d, float* xm_out) {
   return g * s * (1.f + t * (1.f - s)) * inv_d;
 }
 
-// Type of the backward reductions' per-element terms and chunk sums.
+// g_bn in float64 from float32 x and grad: the float32 path's terms.  Its
+// gradient of a one-element `other` sums g_bn over every element while gy is
+// signed, so the sum cancels by orders of magnitude; float32 terms (t, s,
+// 1 - s, the products) then exceeded 2x eager's error on some draws
+// (measured 3.2e-6 vs eager's 7.3e-7 on an H200; the same sum from float64
+// terms: 2.9e-7).  Float64 leaves the rounding of the saved statistics.
+__device__ __forceinline__ double
+swishGradF64(float g, float x, const ChannelCoef& cf, double inv_d, double* xm_out) {
+  const double xm = static_cast<double>(x) - static_cast<double>(cf.mu);
+  const double a = static_cast<double>(cf.a) + static_cast<double>(cf.a_lo);
+  const double k = static_cast<double>(cf.k) + static_cast<double>(cf.k_lo);
+  const double t = fma(xm, a, k);
+  const double s = 1.0 / (1.0 + exp(-t));
+  *xm_out = xm;
+  return static_cast<double>(g) * s * (1.0 + t * (1.0 - s)) * inv_d;
+}
+
+// Type of the backward reductions' per-element terms and chunk sums:
+// float64 for float32 inputs (swishGradF64), float32 for 16-bit ones, whose
+// rounding errors are far larger than float32's.
 template <typename T>
 using BwdTerm = std::conditional_t<std::is_same_v<T, float>, double, float>;
 
-// Adds g_bn and g_bn * xhat to (c0, c1).  NB: for float32 the terms are
-// float64.  A one-element `other`'s gradient sums g_bn over every element
-// while gy is signed, so |sum| is ~ sum |g_bn| / sqrt(M): float32 terms carry
-// rounding errors (of t, s, 1 - s, the products) as large as eager's, and
-// that sum then lands either side of 2x eager's error depending on the
-// draw.  Float64 terms leave only the rounding of the saved statistics and
-// of the result.  16-bit inputs keep float32 (their errors are far larger).
+// Adds g_bn and g_bn * xhat to (c0, c1).
 template <typename T>
 __device__ __forceinline__ void bwdTerms(
     float g, float x, const ChannelCoef& cf, double inv_d, BwdTerm<T>& c0, BwdTerm<T>& c1) {
   if constexpr (std::is_same_v<T, float>) {
-    const double xm = static_cast<double>(x) - static_cast<double>(cf.mu);
-    const double a = static_cast<double>(cf.a) + static_cast<double>(cf.a_lo);
-    const double k = static_cast<double>(cf.k) + static_cast<double>(cf.k_lo);
-    const double t = fma(xm, a, k);
-    const double s = 1.0 / (1.0 + exp(-t));
-    const double gb = static_cast<double>(g) * s * (1.0 + t * (1.0 - s)) * inv_d;
+    double xm;
+    const double gb = swishGradF64(g, x, cf, inv_d, &xm);
     c0 += gb;
     c1 += gb * (xm * static_cast<double>(cf.invstd));
   } else {
@@ -287,9 +301,7 @@ __device__ __forceinline__ void bwdTerms(
 // They cancel heavily (g_bn is signed), and the gradient of a one-element
 // `other` sums g_bn over every element: float32 accumulators lost enough
 // digits there to exceed eager's error against float64.  Each thread adds
-// the sum of its kUnroll-row chunk (float64 for float32 inputs, whose
-// per-element terms are float64 too, see bwdTerms; float32 otherwise) to its
-// double accumulator.  The forward statistics stay float32 (shifted
+// the sum of its kUnroll-row chunk (BwdTerm) to its double accumulator.  The forward statistics stay float32 (shifted
 // Welford), whose error is relative to the spread of a channel.
 template <bool kBwd>
 using ReduceAcc = std::conditional_t<kBwd, double, float>;
@@ -540,21 +552,24 @@ __global__ void __launch_bounds__(kThreads) planeReduceKernel(
 
 // ------------------------------------------------- per-channel kernels ----
 
-// Writes mu, a, k, invstd and p for channel ch.  mean and invstd are the
-// float32 values the backward will see again (saved statistics), so forward
-// and backward recompute the same t.
+// Writes the coefficients of channel ch.  invstd is the float32 value the
+// backward sees again (saved statistics).  The forward centres on the float64
+// mean as mu + mu_lo: where |mean| >> std the float32 mean alone is off by up
+// to half an ulp of |mean|, times invstd in t (eager's forward does not round
+// its mean either); the backward gets the saved float32 mean (mu_lo = 0).
 __device__ void writeCoef(
     float* coef,
     int64_t c,
     int64_t ch,
-    float mean,
+    double mean,
     float invstd,
     const BnAffine& aff) {
   const double w = loadChannel(aff.weight, ch, 1.0);
   const double b = loadChannel(aff.bias, ch, 0.0);
   const double s = loadChannel(aff.other, ch, 0.0);
   const double d = aff.divisor;
-  coef[kMu * c + ch] = mean;
+  coef[kMu * c + ch] = static_cast<float>(mean);
+  coef[kMuLo * c + ch] = static_cast<float>(mean - static_cast<float>(mean));
   const double a = w * invstd / d;
   const double k = (b + s) / d;
   coef[kA * c + ch] = static_cast<float>(a);
@@ -617,7 +632,7 @@ __global__ void trainStatsFinalizeKernel(
         running_var, ch,
         (1.0 - momentum) * loadMut(running_var, ch) + momentum * unbiased);
   }
-  writeCoef(coef, c, ch, mean_f, invstd_f, aff);
+  writeCoef(coef, c, ch, mean, invstd_f, aff);
 }
 
 // From given statistics: invstd given directly, or 1/sqrt(var + eps).
@@ -637,8 +652,7 @@ __global__ void coefFromStatsKernel(
   const float invstd = is_var
       ? static_cast<float>(1.0 / sqrt(v + eps))
       : static_cast<float>(v);
-  writeCoef(
-      coef, c, ch, static_cast<float>(loadChannel(mean, ch, 0.0)), invstd, aff);
+  writeCoef(coef, c, ch, loadChannel(mean, ch, 0.0), invstd, aff);
 }
 
 // Merges the splits' partials in split order; writes the parameter
@@ -771,14 +785,15 @@ __global__ void __launch_bounds__(kThreads) applyForwardKernel(
     const int64_t v = base + u * kThreads;
     if (v < nvec) {
       const int64_t ch0 = firstChannel(v * V, c, l);
-      float mu[V], a[V], kk[V];
+      float mu[V], mu_lo[V], a[V], kk[V];
       fetchCoef<V>(coef, c, kMu, ch0, cols, mu);
+      fetchCoef<V>(coef, c, kMuLo, ch0, cols, mu_lo);
       fetchCoef<V>(coef, c, kA, ch0, cols, a);
       fetchCoef<V>(coef, c, kK, ch0, cols, kk);
       Vec<T, V> o;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        const float t = fmaf(toFloat(xv[u].v[k]) - mu[k], a[k], kk[k]);
+        const float t = fmaf((toFloat(xv[u].v[k]) - mu[k]) - mu_lo[k], a[k], kk[k]);
         o.v[k] = fromFloat<T>(t * sigmoidOf<T>(t));
       }
       reinterpret_cast<Vec<T, V>*>(out)[v] = o;
@@ -786,7 +801,10 @@ __global__ void __launch_bounds__(kThreads) applyForwardKernel(
   }
 }
 
-template <typename T, int V, bool kTrain>
+// What applyBackwardKernel writes per element.
+enum class BwdOut { kTrainDx, kEvalDx, kGradBn };
+
+template <typename T, int V, BwdOut kOut>
 __global__ void __launch_bounds__(kThreads) applyBackwardKernel(
     const T* __restrict__ g,
     const T* __restrict__ x,
@@ -795,7 +813,8 @@ __global__ void __launch_bounds__(kThreads) applyBackwardKernel(
     int64_t c,
     int64_t l,
     const float* __restrict__ coef,
-    float inv_d) {
+    double inv_d) {
+  static_assert(kOut != BwdOut::kGradBn || std::is_same_v<T, float>);
   const int64_t base = int64_t(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
   const bool cols = l == 1;
   Vec<T, V> xv[kUnroll], gv[kUnroll];
@@ -812,12 +831,17 @@ __global__ void __launch_bounds__(kThreads) applyBackwardKernel(
     const int64_t v = base + u * kThreads;
     if (v < nvec) {
       const int64_t ch0 = firstChannel(v * V, c, l);
-      float mu[V], a[V], kk[V], is[V], p[V], q[V], r[V];
+      float mu[V], a[V], kk[V], is[V], p[V], q[V], r[V], a_lo[V], k_lo[V];
       fetchCoef<V>(coef, c, kMu, ch0, cols, mu);
       fetchCoef<V>(coef, c, kA, ch0, cols, a);
       fetchCoef<V>(coef, c, kK, ch0, cols, kk);
-      fetchCoef<V>(coef, c, kP, ch0, cols, p);
-      if constexpr (kTrain) {
+      if constexpr (kOut == BwdOut::kGradBn) {
+        fetchCoef<V>(coef, c, kALo, ch0, cols, a_lo);
+        fetchCoef<V>(coef, c, kKLo, ch0, cols, k_lo);
+      } else {
+        fetchCoef<V>(coef, c, kP, ch0, cols, p);
+      }
+      if constexpr (kOut == BwdOut::kTrainDx) {
         fetchCoef<V>(coef, c, kInvstd, ch0, cols, is);
         fetchCoef<V>(coef, c, kQ, ch0, cols, q);
         fetchCoef<V>(coef, c, kR, ch0, cols, r);
@@ -825,11 +849,19 @@ __global__ void __launch_bounds__(kThreads) applyBackwardKernel(
       Vec<T, V> d;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
+        if constexpr (kOut == BwdOut::kGradBn) {
+          // float64 terms, one rounding (see swishGradF64)
+          double xm;
+          const ChannelCoef cf{mu[k], a[k], kk[k], 0.f, a_lo[k], k_lo[k]};
+          d.v[k] = static_cast<float>(
+              swishGradF64(toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf, inv_d, &xm));
+          continue;
+        }
         float xm;
         const ChannelCoef cf{mu[k], a[k], kk[k], 0.f};
-        const float gb =
-            swishGrad<T>(toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf, inv_d, &xm);
-        if constexpr (kTrain) {
+        const float gb = swishGrad<T>(
+            toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf, static_cast<float>(inv_d), &xm);
+        if constexpr (kOut == BwdOut::kTrainDx) {
           d.v[k] = fromFloat<T>(p[k] * (gb - q[k] - (xm * is[k]) * r[k]));
         } else {
           d.v[k] = fromFloat<T>(p[k] * gb);
@@ -998,7 +1030,7 @@ void batchNormSwishBackward(
   }
   const Plan p = makePlan(shape, sizeof(T), num_sms);
   const auto ws = carve<double>(workspace, shape, p);
-  const float inv_d = static_cast<float>(1.0 / affine.divisor);
+  const double inv_d = 1.0 / affine.divisor;
   coefFromStatsKernel<<<channelBlocks(shape.c), kThreads, 0, stream>>>(
       shape.c, mean, invstd, /*is_var=*/false, 0.0, affine, ws.coef);
   const bool need_sums = (training && grad_input != nullptr) ||
@@ -1027,28 +1059,77 @@ void batchNormSwishBackward(
     const int64_t nvec = numel(shape) / V;
     const auto blocks = applyBlocks(nvec);
     if (training) {
-      applyBackwardKernel<T, V, true><<<blocks, kThreads, 0, stream>>>(
+      applyBackwardKernel<T, V, BwdOut::kTrainDx><<<blocks, kThreads, 0, stream>>>(
           grad_output, x, grad_input, nvec, shape.c, shape.l, ws.coef, inv_d);
     } else {
-      applyBackwardKernel<T, V, false><<<blocks, kThreads, 0, stream>>>(
+      applyBackwardKernel<T, V, BwdOut::kEvalDx><<<blocks, kThreads, 0, stream>>>(
           grad_output, x, grad_input, nvec, shape.c, shape.l, ws.coef, inv_d);
     }
   });
 }
 
-#define TORCHFUSE_INSTANTIATE_BN_SWISH(T)                                      \
+template <typename T>
+void batchNormSwishGradBn(
+    const T* grad_output,
+    const T* x,
+    BnShape shape,
+    const BnAffine& affine,
+    BnChannelRef mean,
+    BnChannelRef invstd,
+    T* grad_bn,
+    BnChannelMut grad_other,
+    void* workspace,
+    int num_sms,
+    cudaStream_t stream) {
+  if (numel(shape) == 0) {
+    return;
+  }
+  const Plan p = makePlan(shape, sizeof(T), num_sms);
+  const auto ws = carve<double>(workspace, shape, p);
+  const double inv_d = 1.0 / affine.divisor;
+  coefFromStatsKernel<<<channelBlocks(shape.c), kThreads, 0, stream>>>(
+      shape.c, mean, invstd, /*is_var=*/false, 0.0, affine, ws.coef);
+  const bool other_per_channel = affine.other.stride != 0;
+  const bool aligned = aligned16(grad_output) && aligned16(x) && aligned16(grad_bn);
+  withVec<T>(p, aligned, [&](auto vc) {
+    constexpr int V = decltype(vc)::value;
+    if (grad_other.data != nullptr) {
+      launchReduce<T, V, true>(
+          p, shape, x, grad_output, ws.coef, inv_d, ws.part0, ws.part1, stream);
+      const BnParamGrads grads{{}, {}, grad_other};
+      backwardSumsFinalizeKernel<<<channelBlocks(shape.c), kThreads, 0, stream>>>(
+          ws.part0, ws.part1, shape.c, p.splits, shape.n * shape.l, grads,
+          other_per_channel, ws.channel_sum, ws.coef);
+      if (!other_per_channel) {
+        sumChannelsKernel<<<1, kThreads, 0, stream>>>(ws.channel_sum, shape.c, grad_other);
+      }
+    }
+    const int64_t nvec = numel(shape) / V;
+    applyBackwardKernel<T, V, BwdOut::kGradBn><<<applyBlocks(nvec), kThreads, 0, stream>>>(
+        grad_output, x, grad_bn, nvec, shape.c, shape.l, ws.coef, inv_d);
+  });
+}
+
+#define TORCHFUSE_INSTANTIATE_BN_SWISH_FORWARD(T)                              \
   template void batchNormSwishTrainForward<T>(                                 \
       const T*, T*, BnShape, const BnAffine&, BnChannelMut, BnChannelMut,      \
       double, double, float*, float*, void*, int, cudaStream_t);               \
   template void batchNormSwishEvalForward<T>(                                  \
       const T*, T*, BnShape, const BnAffine&, BnChannelRef, BnChannelRef,      \
-      double, void*, int, cudaStream_t);                                       \
+      double, void*, int, cudaStream_t);
+#define TORCHFUSE_INSTANTIATE_BN_SWISH_BACKWARD(T)                             \
   template void batchNormSwishBackward<T>(                                     \
       const T*, const T*, BnShape, const BnAffine&, BnChannelRef,              \
       BnChannelRef, bool, T*, const BnParamGrads&, void*, int, cudaStream_t);
-TORCHFUSE_INSTANTIATE_BN_SWISH(float)
-TORCHFUSE_INSTANTIATE_BN_SWISH(__half)
-TORCHFUSE_INSTANTIATE_BN_SWISH(__nv_bfloat16)
-#undef TORCHFUSE_INSTANTIATE_BN_SWISH
+TORCHFUSE_INSTANTIATE_BN_SWISH_FORWARD(float)
+TORCHFUSE_INSTANTIATE_BN_SWISH_FORWARD(__half)
+TORCHFUSE_INSTANTIATE_BN_SWISH_FORWARD(__nv_bfloat16)
+TORCHFUSE_INSTANTIATE_BN_SWISH_BACKWARD(__half)
+TORCHFUSE_INSTANTIATE_BN_SWISH_BACKWARD(__nv_bfloat16)
+template void batchNormSwishGradBn<float>(
+    const float*, const float*, BnShape, const BnAffine&, BnChannelRef,
+    BnChannelRef, float*, BnChannelMut, void*, int, cudaStream_t);
+#undef TORCHFUSE_INSTANTIATE_BN_SWISH_FORWARD
+#undef TORCHFUSE_INSTANTIATE_BN_SWISH_BACKWARD
 
 } // namespace torchfuse::kernels

@@ -8,8 +8,7 @@
 // (N, C) input is l = 1, a contiguous (N, C, *) one has l = prod(*), a
 // channels-last one is (N * prod(*), C, 1).  Elementwise arithmetic and the
 // forward statistics are float32 whatever T is; the backward's sums
-// accumulate in float64 (for float32 inputs from float64 per-element terms,
-// t and s' included), and per-channel finishing steps run in float64.
+// accumulate in float64, and per-channel finishing steps run in float64.
 //
 //   t   = (x - mu_c) * a_c + k_c,   a_c = w_c * invstd_c / d,
 //                                   k_c = (b_c + s_c) / d
@@ -106,11 +105,12 @@ void batchNormSwishEvalForward(
     int num_sms,
     cudaStream_t stream);
 
-// Backward.  mean / invstd are the saved batch statistics (training) or the
-// running mean and 1/sqrt(rv + eps) (eval).  grad_output has x's layout.
-// grad_input (x's layout) is written where not null, the parameter gradients
-// where wanted; the sums behind them accumulate in float64 and are reduced in
-// a fixed order, so they are deterministic.
+// Backward of 16-bit inputs (T = __half, __nv_bfloat16).  mean / invstd are
+// the saved batch statistics (training) or the running mean and
+// 1/sqrt(rv + eps) (eval).  grad_output has x's layout.  grad_input (x's
+// layout) is written where not null, the parameter gradients where wanted;
+// the sums behind them accumulate in float64 and are reduced in a fixed
+// order, so they are deterministic.
 template <typename T>
 void batchNormSwishBackward(
     const T* grad_output,
@@ -122,6 +122,25 @@ void batchNormSwishBackward(
     bool training,
     T* grad_input,
     const BnParamGrads& grads,
+    void* workspace,
+    int num_sms,
+    cudaStream_t stream);
+
+// Float32 (T = float) training backward, for ATen's batch-norm backward to
+// finish: g_bn = d out / d (bn + s) in x's layout, from float64 terms rounded
+// once, and, where grad_other.data is not null, other's gradient (the
+// sum_to_size of g_bn as in BnParamGrads) summed from the float64 terms.
+// The same workspace as batchNormSwishBackward.
+template <typename T>
+void batchNormSwishGradBn(
+    const T* grad_output,
+    const T* x,
+    BnShape shape,
+    const BnAffine& affine,
+    BnChannelRef mean,
+    BnChannelRef invstd,
+    T* grad_bn,
+    BnChannelMut grad_other,
     void* workspace,
     int num_sms,
     cudaStream_t stream);
