@@ -1,8 +1,10 @@
 // The module-level pipeline (docs/passes.md):
-//   clone | freeze_module -> Inline -> ConstantPropagation -> Canonicalize
+//   clone -> guard loop-carried aliases -> Inline -> guard again
+//   -> [freeze_module] -> ConstantPropagation -> Canonicalize
 //   -> FuseConvReluAdd -> FuseLinearAddRelu -> FuseBatchNormAddDivSwish
-//   -> ReplaceRelu -> EliminateDeadCode -> lint
+//   -> ReplaceRelu -> EliminateDeadCode -> remove the guards -> lint
 
+#include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/jit_log.h>
 #include <torch/csrc/jit/passes/constant_propagation.h>
 #include <torch/csrc/jit/passes/dead_code_elimination.h>
@@ -11,6 +13,9 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 
 #include <algorithm>
+#include <functional>
+#include <unordered_set>
+#include <vector>
 
 #include "passes/match_filters.h"
 #include "torchfuse/optimize.h"
@@ -49,6 +54,166 @@ void makeParametersLeaves(torch::jit::Module& module) {
         const bool requires_grad = p.value.requires_grad();
         m.register_parameter(
             p.name, p.value.detach().requires_grad_(requires_grad), false);
+      }
+    }
+  }
+}
+
+bool isInside(const torch::jit::Node* n, const torch::jit::Block* block) {
+  for (const auto* b = n->owningBlock(); b != nullptr;
+       b = b->owningNode() != nullptr ? b->owningNode()->owningBlock() : nullptr) {
+    if (b == block) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// NB: AliasDb (AliasDb::analyzeLoop) lets a loop body's carried input alias
+// only the loop's initial input, not the value the previous iteration
+// returned.  In `v2 = relu(v1); for ...: v1.add_(b); v1 = v2` the add_ of the
+// second iteration writes v2, but AliasDb sees a write to v1's first value
+// only: EliminateDeadCode (ours, ConstantPropagation's, freeze_module's)
+// drops it once v1's producer is inlined, and CSE merges reads of v2 across
+// the loop.  A slot whose body returns another value than it received is
+// exposed when the returned value may alias something that outlives the
+// iteration (a value from outside the body, a graph input, an attribute, a
+// constant, another slot's received value) and the body writes it, or when
+// the body writes the received value and the returned one may alias any of
+// those or another slot's returned value.  A value created in the iteration
+// and carried by one slot (`h = relu_(fc(h))`) is reachable only through
+// that slot, which AliasDb models.
+bool loopCarriedWriteHiddenFromAliasDb(
+    const torch::jit::AliasDb& db, torch::jit::Node* loop, size_t slot) {
+  auto* body = loop->blocks().at(0);
+  auto* received = body->inputs().at(slot + 1);   // after the trip count
+  auto* returned = body->outputs().at(slot + 1);  // after the condition
+  if (received == returned) {
+    return false;
+  }
+  const auto writtenInBody = [&](torch::jit::Value* v) {
+    bool written = false;
+    passes::forEachNode(body, [&](torch::jit::Node* n) {
+      written = written || db.writesToAlias(n, {v});
+    });
+    return written;
+  };
+  const bool receivedWritten = writtenInBody(received);
+  if (!receivedWritten && !writtenInBody(returned)) {
+    return false;
+  }
+  torch::jit::ValueSet persistent(
+      loop->owningGraph()->inputs().begin(), loop->owningGraph()->inputs().end());
+  const auto collect = [&](torch::jit::Node* n) {
+    for (auto* input : n->inputs()) {
+      if (!isInside(input->node(), body)) {
+        persistent.insert(input);
+      }
+    }
+    if (n->kind() == c10::prim::GetAttr || n->kind() == c10::prim::Constant) {
+      persistent.insert(n->output());
+    }
+  };
+  passes::forEachNode(body, collect);
+  collect(body->return_node());
+  torch::jit::ValueSet otherReturned;
+  for (size_t j = 1; j < body->inputs().size(); ++j) {
+    if (j != slot + 1) {
+      persistent.insert(body->inputs().at(j));
+      otherReturned.insert(body->outputs().at(j));
+    }
+  }
+  const torch::jit::ValueSet r = {returned};
+  return db.mayAlias(r, persistent) ||
+      (receivedWritten && db.mayAlias(r, otherReturned));
+}
+
+const c10::Symbol kLoopAliasGuard =
+    c10::Symbol::attr("torchfuse_loop_alias_guard");
+
+bool isLoopAliasGuard(const torch::jit::Node* n) {
+  return n->kind() == c10::prim::Print && n->hasAttribute(kLoopAliasGuard);
+}
+
+// For each exposed slot, puts the received and the returned value into a
+// tuple at the end of the body: a tuple's elements (and everything they may
+// point to) become AliasDb wildcards, which may alias each other, so every
+// AliasDb client sees the write.  A prim::Print of the tuple (a side effect)
+// keeps it through torch's passes; nothing runs before the guards are
+// removed.
+void guardLoopCarriedAliases(const std::shared_ptr<torch::jit::Graph>& graph) {
+  std::vector<std::pair<torch::jit::Node*, std::vector<torch::jit::Value*>>> guards;
+  {
+    torch::jit::AliasDb db(graph);
+    passes::forEachNode(graph->block(), [&](torch::jit::Node* n) {
+      if (n->kind() != c10::prim::Loop ||
+          isLoopAliasGuard(n->blocks().at(0)->return_node()->prev())) {
+        return;  // not a loop, or guarded already (a type shared by submodules)
+      }
+      std::vector<torch::jit::Value*> values;
+      for (size_t i = 0; i < n->outputs().size(); ++i) {
+        if (loopCarriedWriteHiddenFromAliasDb(db, n, i)) {
+          values.push_back(n->blocks().at(0)->inputs().at(i + 1));
+          values.push_back(n->blocks().at(0)->outputs().at(i + 1));
+        }
+      }
+      if (!values.empty()) {
+        guards.emplace_back(n, std::move(values));
+      }
+    });
+  }
+  for (auto& [loop, values] : guards) {
+    auto* body = loop->blocks().at(0);
+    torch::jit::WithInsertPoint insert(body->return_node());
+    auto* tuple = graph->insertNode(graph->createTuple(values));
+    auto* print =
+        graph->insertNode(graph->create(c10::prim::Print, {tuple->output()}, 0));
+    print->i_(kLoopAliasGuard, 1);
+  }
+}
+
+// Removes the guards (with copies made by loop unrolling), then what only
+// they kept alive, as far as it writes nothing and has no side effects:
+// EliminateDeadCode would again drop the writes AliasDb misses.
+void removeLoopCarriedAliasGuards(const std::shared_ptr<torch::jit::Graph>& graph) {
+  std::vector<torch::jit::Node*> prints;
+  passes::forEachNode(graph->block(), [&](torch::jit::Node* n) {
+    if (isLoopAliasGuard(n)) {
+      prints.push_back(n);
+    }
+  });
+  std::vector<torch::jit::Node*> work;
+  for (auto* print : prints) {
+    work.push_back(print->input()->node());
+    print->destroy();
+  }
+  const torch::jit::AliasDb db(graph);
+  std::unordered_set<torch::jit::Node*> destroyed;
+  while (!work.empty()) {
+    auto* n = work.back();
+    work.pop_back();
+    if (destroyed.count(n) > 0 || n->kind() == c10::prim::Param ||
+        !n->blocks().empty() || n->hasSideEffects() || db.isMutable(n) ||
+        std::any_of(n->outputs().begin(), n->outputs().end(),
+                    [](const torch::jit::Value* v) { return v->hasUses(); })) {
+      continue;
+    }
+    for (auto* input : n->inputs()) {
+      work.push_back(input->node());
+    }
+    destroyed.insert(n);
+    n->destroy();
+  }
+}
+
+// Calls fn on the graph of every method of `module` and its submodules.
+void forEachMethod(
+    const torch::jit::Module& module,
+    const std::function<void(torch::jit::GraphFunction&)>& fn) {
+  for (const auto& m : module.modules()) {
+    for (const auto& method : m.get_methods()) {
+      if (auto* f = torch::jit::tryToGraphFunction(method.function())) {
+        fn(*f);
       }
     }
   }
@@ -95,6 +260,16 @@ torch::jit::Module optimize(
       ".eval() first");
   torch::jit::Module result = module.clone();
   makeParametersLeaves(result);
+  // NB: guard the loops before any torch pass sees a producer that inlining
+  // shows to be fresh: Inline inserts each callee's optimized graph, whose
+  // preoptimization already runs DCE, and freeze_module runs more.  Calls
+  // hide what they write, so the guards are decided again once inlined.
+  forEachMethod(result, [](torch::jit::GraphFunction& f) {
+    guardLoopCarriedAliases(f.graph());
+  });
+  torch::jit::Inline(*forwardGraph(result));
+  removeLoopCarriedAliasGuards(forwardGraph(result));
+  guardLoopCarriedAliases(forwardGraph(result));
   if (options.freeze) {
     // NB: freeze_module clones in place: attributes the forward writes (a
     // buffer's add_, a training-mode BN's statistics) stay attributes that
@@ -103,7 +278,6 @@ torch::jit::Module optimize(
   }
 
   auto graph = forwardGraph(result);
-  torch::jit::Inline(*graph);
   torch::jit::ConstantPropagation(graph);
   torch::jit::EliminateDeadCode(graph);
 
@@ -123,6 +297,11 @@ torch::jit::Module optimize(
     counts.relu = passes::ReplaceRelu(graph);
   }
   torch::jit::EliminateDeadCode(graph);
+  // NB: the cached optimized graphs hold guards; they are rebuilt on use.
+  forEachMethod(result, [](torch::jit::GraphFunction& f) {
+    removeLoopCarriedAliasGuards(f.graph());
+    f.clear_optimized_graphs();
+  });
   graph->lint();
   counts.nodes_after = passes::countNodes(graph->block());
   GRAPH_DUMP("After torchfuse::optimize", graph);

@@ -81,6 +81,30 @@ class Program(nn.Module):
         {"batch_norm_add_div_swish": 0},
         id="bn_other_written_after_chain",
     ),
+    # AliasDb lets a loop-carried input alias only the loop's initial value:
+    # the second iteration's add_ writes v2, but once inlining showed v1 to
+    # be a fresh conv output, dead-code elimination dropped the add_.
+    pytest.param(
+        """\
+class Program(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv0 = nn.Conv2d(3, 6, 1, stride=1, padding=0, dilation=1, groups=3, bias=True)
+        self.register_buffer("b5", torch.randn(4, 6, 4, 5))
+        self.conv8 = nn.Conv2d(6, 6, 3, stride=1, padding=1, dilation=1, groups=1, bias=True)
+    def forward(self, x0):
+        v1 = self.conv0(x0)
+        v2 = torch.relu(v1)
+        for _ in range(2):
+            v1.add_(self.b5)
+            v1 = v2
+        return self.conv8(v1)
+""",
+        [[4, 3, 4, 5]],
+        1565,
+        {"relu": 4},
+        id="loop_carried_write_dropped",
+    ),
 ]
 
 

@@ -4,6 +4,7 @@
 
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/frontend/resolver.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 
 namespace torchfuse {
 namespace {
@@ -65,6 +66,100 @@ TEST(Optimize, RejectsUnknownPassesAndFreezingInTraining) {
   auto m = linearModule();
   m.train();
   EXPECT_THROW(optimize(m, OptimizeOptions{true, {}}), c10::Error);
+}
+
+// v1 comes from a submodule, so only inlining shows it is a fresh tensor.
+// The second iteration's add_ writes v2 (fuzzer seed 4, program 1565).
+torch::jit::Module loopCarriedWriteModule() {
+  torch::jit::Module sub("sub");
+  sub.register_attribute("training", c10::BoolType::get(), true);
+  sub.define(R"JIT(
+    def forward(self, x):
+        return x * 2.0
+  )JIT");
+  torch::jit::Module m("m");
+  m.register_attribute("training", c10::BoolType::get(), true);
+  m.register_module("sub", sub);
+  m.define(R"JIT(
+    def forward(self, x, b, n: int):
+        v1 = self.sub.forward(x)
+        v2 = torch.relu(v1)
+        before = v2 * 3.0
+        for _ in range(n):
+            v1.add_(b)
+            v1 = v2
+        after = v2 * 3.0
+        return before, after
+  )JIT");
+  return m;
+}
+
+TEST(Optimize, KeepsWritesToLoopCarriedTensors) {
+  auto x = torch::randn({2, 3}, torch::kDouble), b = torch::randn({2, 3}, torch::kDouble);
+  const auto before = torch::relu(x * 2.0) * 3.0;
+  const auto after = (torch::relu(x * 2.0) + b) * 3.0;
+  for (const bool freeze : {false, true}) {
+    auto m = loopCarriedWriteModule();
+    if (freeze) {
+      m.eval();
+    }
+    auto out = optimize(m, OptimizeOptions{freeze, {}});
+    auto graph = out.get_method("forward").graph();
+    // The write stays, CSE (freeze_module runs it) keeps the reads of v2
+    // before and after the loop apart, and the guards are gone.
+    FileCheck().check("aten::add_")->run(*graph);
+    FileCheck().check_count("aten::mul(", 3, /*exactly=*/true)->run(*graph);
+    FileCheck().check_not("prim::Print")->run(*graph);
+    // The optimizing executor would drop the write itself (TorchScript
+    // behaviour, independent of torchfuse): run the plain interpreter.
+    torch::jit::GraphOptimizerEnabledGuard plain(false);
+    auto got = out.forward({x.clone(), b, 2}).toTuple();
+    passes::testing::expectClose(got->elements()[0].toTensor(), before);
+    passes::testing::expectClose(got->elements()[1].toTensor(), after);
+  }
+}
+
+// The loop sits in a submodule's method: Inline inserts that method's
+// optimized graph, whose own DCE runs once count(2) is folded.
+TEST(Optimize, KeepsWritesToLoopCarriedTensorsInSubmodules) {
+  torch::jit::Module sub("sub");
+  sub.register_attribute("training", c10::BoolType::get(), true);
+  sub.define(R"JIT(
+    def forward(self, x):
+        return x * 2.0
+  )JIT");
+  torch::jit::Module mid("mid");
+  mid.register_attribute("training", c10::BoolType::get(), true);
+  mid.register_module("sub", sub);
+  mid.define(R"JIT(
+    def count(self, n: int) -> int:
+        if n > 1:
+            return n
+        return 1
+
+    def forward(self, x, b):
+        v1 = self.sub.forward(x)
+        v2 = torch.relu(v1)
+        for _ in range(self.count(2)):
+            v1.add_(b)
+            v1 = v2
+        return v1 * 3.0
+  )JIT");
+  torch::jit::Module m("m");
+  m.register_attribute("training", c10::BoolType::get(), true);
+  m.register_module("mid", mid);
+  m.define(R"JIT(
+    def forward(self, x, b):
+        return self.mid.forward(x, b)
+  )JIT");
+  auto out = optimize(m);
+  FileCheck().check("aten::add_")->run(*out.get_method("forward").graph());
+  FileCheck().check_not("prim::Print")->run(
+      *out.attr("mid").toModule().get_method("forward").graph());
+  auto x = torch::randn({2, 3}, torch::kDouble), b = torch::randn({2, 3}, torch::kDouble);
+  torch::jit::GraphOptimizerEnabledGuard plain(false);
+  passes::testing::expectClose(
+      out.forward({x, b}).toTensor(), (torch::relu(x * 2.0) + b) * 3.0);
 }
 
 TEST(Canonicalize, FunctionalizesInPlaceOpsOnFreshTensorsOnly) {
