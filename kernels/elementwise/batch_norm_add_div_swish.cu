@@ -22,12 +22,15 @@
 //     channel's n * l elements in 16-byte vectors that never straddle planes
 //     (l % V == 0), then reduces across the block with warp shuffles.
 // * Elementwise passes read the per-channel coefficients from the workspace.
-// * The backward's reductions and its fused dx pass serve 16-bit inputs; a
-//   float32 training backward takes g_bn alone (batchNormSwishGradBn) and
-//   ATen's batch-norm backward, so its error is eager's.
+// * The backward: one reduction pass for the per-channel sums, one
+//   elementwise pass for dx.  float32 evaluates every per-element term in
+//   float64 and rounds once (swishGradF64); a float32 training backward
+//   first recomputes the float64 batch mean the forward centred on, since
+//   the saved statistics carry only its float32 rounding.
 //
-// Workspace: kNumCoefSlots * c float coefficients, c double per-channel sums
-// of g_bn, then 2 * splits * c partials (float or double, see ReduceAcc).
+// Workspace: kNumCoefSlots * c float coefficients, kNumSumSlots * c double
+// per-channel values, then 2 * splits * c partials (float or double, see
+// ReduceAcc).
 
 namespace torchfuse::kernels {
 namespace {
@@ -50,8 +53,18 @@ enum Coef : int {
   kMuLo = 7,   // mean - (float)mean: the forward centres on mu + mu_lo
   kALo = 8,    // a - (float)a: a = kA + kALo in float64 (float64 terms)
   kKLo = 9,    // k - (float)k
-  // An even count keeps the float64 regions after the slots 8-byte aligned.
-  kNumCoefSlots = 10,
+  kPLo = 10,   // p - (float)p
+  // An even count (slot 11 is padding) keeps the float64 regions after the
+  // slots 8-byte aligned.
+  kNumCoefSlots = 12,
+};
+
+// Per-channel float64 values, each c doubles, after the coefficients.
+enum Sum : int {
+  kSumG = 0,  // sum g_bn (for a one-element `other`)
+  kQ64 = 1,   // sum g_bn / M, as kQ unrounded (float32 dx)
+  kR64 = 2,   // sum g_bn * xhat / M, as kR unrounded
+  kNumSumSlots = 3,
 };
 
 // ---------------------------------------------------------------- types ----
@@ -222,14 +235,15 @@ __device__ __forceinline__ int64_t statsShiftIndex(int64_t ch, int64_t l) {
 
 struct ChannelCoef {
   float mu, a, k, invstd;
-  float a_lo = 0.f, k_lo = 0.f;  // read by the float64 terms only
+  float a_lo = 0.f, k_lo = 0.f, mu_lo = 0.f;  // read by the float64 terms only
 };
 
 __device__ __forceinline__ ChannelCoef loadCoef(const float* coef, int64_t c, int64_t ch) {
   return {
       __ldg(coef + kMu * c + ch), __ldg(coef + kA * c + ch),
       __ldg(coef + kK * c + ch), __ldg(coef + kInvstd * c + ch),
-      __ldg(coef + kALo * c + ch), __ldg(coef + kKLo * c + ch)};
+      __ldg(coef + kALo * c + ch), __ldg(coef + kKLo * c + ch),
+      __ldg(coef + kMuLo * c + ch)};
 }
 
 // As PyTorch: 1 / (1 + exp(-t)); NaN and +-Inf propagate as there.  The
@@ -260,16 +274,19 @@ swishGrad(float g, float x, const ChannelCoef& cf, float inv_d, float* xm_out) {
 // signed, so the sum cancels by orders of magnitude; float32 terms (t, s,
 // 1 - s, the products) then exceeded 2x eager's error on some draws
 // (measured 3.2e-6 vs eager's 7.3e-7 on an H200; the same sum from float64
-// terms: 2.9e-7).  Float64 leaves the rounding of the saved statistics.
+// terms: 2.9e-7).  Float64 leaves the rounding of the saved invstd.
+// NB: explicit roundings, never contracted: the reduction and the dx pass
+// evaluate it separately and must agree bit for bit, so that where eager's dx
+// cancels exactly (a channel of one element: g_bn - sum g_bn / 1) ours does.
 __device__ __forceinline__ double
 swishGradF64(float g, float x, const ChannelCoef& cf, double inv_d, double* xm_out) {
-  const double xm = static_cast<double>(x) - static_cast<double>(cf.mu);
-  const double a = static_cast<double>(cf.a) + static_cast<double>(cf.a_lo);
-  const double k = static_cast<double>(cf.k) + static_cast<double>(cf.k_lo);
-  const double t = fma(xm, a, k);
-  const double s = 1.0 / (1.0 + exp(-t));
+  const double xm = __dsub_rn(__dsub_rn(x, cf.mu), cf.mu_lo);
+  const double a = __dadd_rn(cf.a, cf.a_lo);
+  const double k = __dadd_rn(cf.k, cf.k_lo);
+  const double t = __fma_rn(xm, a, k);
+  const double s = __drcp_rn(__dadd_rn(1.0, exp(-t)));
   *xm_out = xm;
-  return static_cast<double>(g) * s * (1.0 + t * (1.0 - s)) * inv_d;
+  return __dmul_rn(__dmul_rn(__dmul_rn(g, s), __fma_rn(t, __dsub_rn(1.0, s), 1.0)), inv_d);
 }
 
 // Type of the backward reductions' per-element terms and chunk sums:
@@ -556,7 +573,8 @@ __global__ void __launch_bounds__(kThreads) planeReduceKernel(
 // backward sees again (saved statistics).  The forward centres on the float64
 // mean as mu + mu_lo: where |mean| >> std the float32 mean alone is off by up
 // to half an ulp of |mean|, times invstd in t (eager's forward does not round
-// its mean either); the backward gets the saved float32 mean (mu_lo = 0).
+// its mean either).  The backward gets the saved float32 mean (mu_lo = 0)
+// and, for float32 in training, recomputes mu_lo (meanLoKernel).
 __device__ void writeCoef(
     float* coef,
     int64_t c,
@@ -577,7 +595,36 @@ __device__ void writeCoef(
   coef[kALo * c + ch] = static_cast<float>(a - static_cast<float>(a));
   coef[kKLo * c + ch] = static_cast<float>(k - static_cast<float>(k));
   coef[kInvstd * c + ch] = invstd;
-  coef[kP * c + ch] = static_cast<float>(w * invstd);
+  const double p = w * invstd;
+  coef[kP * c + ch] = static_cast<float>(p);
+  coef[kPLo * c + ch] = static_cast<float>(p - static_cast<float>(p));
+}
+
+// The channel's float64 batch mean and m2 (sum of squared deviations): the
+// splits' shifted Welford partials merged in split order, the shift added
+// back.
+template <typename T>
+__device__ void batchStats(
+    const T* __restrict__ x,
+    const float* __restrict__ part0,
+    const float* __restrict__ part1,
+    int64_t c,
+    int64_t l,
+    int64_t splits,
+    int64_t total,
+    int64_t per,
+    int64_t ch,
+    double& mean,
+    double& m2) {
+  double n = 0;
+  mean = 0;
+  m2 = 0;
+  for (int64_t s = 0; s < splits; ++s) {
+    const int64_t nb = splitCount(total, per, s);
+    welfordMerge<double>(
+        n, mean, m2, static_cast<double>(nb), part0[s * c + ch], part1[s * c + ch]);
+  }
+  mean += toFloat(x[statsShiftIndex(ch, l)]);
 }
 
 template <typename T>
@@ -603,15 +650,10 @@ __global__ void trainStatsFinalizeKernel(
   if (ch >= c) {
     return;
   }
-  double n = 0, mean = 0, m2 = 0;
-  for (int64_t s = 0; s < splits; ++s) {
-    const int64_t nb = splitCount(total, per, s);
-    welfordMerge<double>(
-        n, mean, m2, static_cast<double>(nb), part0[s * c + ch], part1[s * c + ch]);
-  }
+  double mean, m2;
+  batchStats(x, part0, part1, c, l, splits, total, per, ch, mean, m2);
   // NB: as PyTorch: invstd from the biased variance, the running variance
   // from the unbiased one (m2 / (M - 1): NaN for M == 1, as there).
-  mean += toFloat(x[statsShiftIndex(ch, l)]);
   const double var = m2 / static_cast<double>(m);
   const float mean_f = static_cast<float>(mean);
   const float invstd_f = static_cast<float>(1.0 / sqrt(var + eps));
@@ -635,6 +677,34 @@ __global__ void trainStatsFinalizeKernel(
   writeCoef(coef, c, ch, mean, invstd_f, aff);
 }
 
+// A float32 training backward's mu_lo: the float64 batch mean, recomputed
+// from the same partials as the forward's, less the saved float32 mean that
+// coefFromStatsKernel wrote as mu.  NB: only where that mean is the batch
+// mean's float32 rounding (the forward's save_mean); any other mean is used
+// as given (with its own mu_lo), as native_batch_norm_backward does.
+template <typename T>
+__global__ void meanLoKernel(
+    const T* __restrict__ x,
+    const float* __restrict__ part0,
+    const float* __restrict__ part1,
+    int64_t c,
+    int64_t l,
+    int64_t splits,
+    int64_t total,
+    int64_t per,
+    float* __restrict__ coef) {
+  const int64_t ch = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (ch >= c) {
+    return;
+  }
+  double mean, m2;
+  batchStats(x, part0, part1, c, l, splits, total, per, ch, mean, m2);
+  const float mu = coef[kMu * c + ch];
+  if (static_cast<float>(mean) == mu) {
+    coef[kMuLo * c + ch] = static_cast<float>(mean - static_cast<double>(mu));
+  }
+}
+
 // From given statistics: invstd given directly, or 1/sqrt(var + eps).
 __global__ void coefFromStatsKernel(
     int64_t c,
@@ -656,8 +726,9 @@ __global__ void coefFromStatsKernel(
 }
 
 // Merges the splits' partials in split order; writes the parameter
-// gradients, each channel's sum of g_bn (for a one-element `other`) and the
-// coefficients q = sum g_bn / M, r = sum g_bn * xhat / M.
+// gradients, each channel's sum of g_bn (for a one-element `other`) and
+// q = sum g_bn / M, r = sum g_bn * xhat / M (float coefficients and float64
+// sums).
 __global__ void backwardSumsFinalizeKernel(
     const double* __restrict__ part0,
     const double* __restrict__ part1,
@@ -666,7 +737,7 @@ __global__ void backwardSumsFinalizeKernel(
     int64_t m,
     BnParamGrads grads,
     bool other_per_channel,
-    double* __restrict__ channel_sum,
+    double* __restrict__ sums,
     float* __restrict__ coef) {
   const int64_t ch = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (ch >= c) {
@@ -686,9 +757,13 @@ __global__ void backwardSumsFinalizeKernel(
   if (grads.other.data != nullptr && other_per_channel) {
     storeMut(grads.other, ch, sum_g);
   }
-  channel_sum[ch] = sum_g;
-  coef[kQ * c + ch] = static_cast<float>(sum_g / static_cast<double>(m));
-  coef[kR * c + ch] = static_cast<float>(sum_gx / static_cast<double>(m));
+  const double q = sum_g / static_cast<double>(m);
+  const double r = sum_gx / static_cast<double>(m);
+  sums[kSumG * c + ch] = sum_g;
+  sums[kQ64 * c + ch] = q;
+  sums[kR64 * c + ch] = r;
+  coef[kQ * c + ch] = static_cast<float>(q);
+  coef[kR * c + ch] = static_cast<float>(r);
 }
 
 // The gradient of a one-element `other`: the channels' sums of g_bn added in
@@ -801,9 +876,27 @@ __global__ void __launch_bounds__(kThreads) applyForwardKernel(
   }
 }
 
-// What applyBackwardKernel writes per element.
-enum class BwdOut { kTrainDx, kEvalDx, kGradBn };
+// Which dx applyBackwardKernel writes.
+enum class BwdOut { kTrainDx, kEvalDx };
 
+// Per-channel float64 values for the V elements of a vector, as fetchCoef.
+template <int V>
+__device__ __forceinline__ void fetchSum(
+    const double* __restrict__ sums,
+    int64_t c,
+    int slot,
+    int64_t ch0,
+    bool cols,
+    double (&out)[V]) {
+#pragma unroll
+  for (int k = 0; k < V; ++k) {
+    out[k] = __ldg(sums + slot * c + ch0 + (cols ? k : 0));
+  }
+}
+
+// dx = p * (g_bn - q - xhat * r) in training, p * g_bn in eval.  float32
+// evaluates it in float64 from the unrounded coefficients (the *_lo slots and
+// the float64 q, r) and rounds once; 16-bit in float32.
 template <typename T, int V, BwdOut kOut>
 __global__ void __launch_bounds__(kThreads) applyBackwardKernel(
     const T* __restrict__ g,
@@ -813,8 +906,10 @@ __global__ void __launch_bounds__(kThreads) applyBackwardKernel(
     int64_t c,
     int64_t l,
     const float* __restrict__ coef,
+    const double* __restrict__ sums,
     double inv_d) {
-  static_assert(kOut != BwdOut::kGradBn || std::is_same_v<T, float>);
+  constexpr bool kF64 = std::is_same_v<T, float>;
+  constexpr int W = kF64 ? V : 1;  // sizes of the float64-only arrays
   const int64_t base = int64_t(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
   const bool cols = l == 1;
   Vec<T, V> xv[kUnroll], gv[kUnroll];
@@ -831,40 +926,53 @@ __global__ void __launch_bounds__(kThreads) applyBackwardKernel(
     const int64_t v = base + u * kThreads;
     if (v < nvec) {
       const int64_t ch0 = firstChannel(v * V, c, l);
-      float mu[V], a[V], kk[V], is[V], p[V], q[V], r[V], a_lo[V], k_lo[V];
+      float mu[V], a[V], kk[V], is[V], p[V], q[V], r[V];
+      float mu_lo[W], a_lo[W], k_lo[W], p_lo[W];
+      double q64[W], r64[W];
       fetchCoef<V>(coef, c, kMu, ch0, cols, mu);
       fetchCoef<V>(coef, c, kA, ch0, cols, a);
       fetchCoef<V>(coef, c, kK, ch0, cols, kk);
-      if constexpr (kOut == BwdOut::kGradBn) {
+      fetchCoef<V>(coef, c, kP, ch0, cols, p);
+      if constexpr (kF64) {
+        fetchCoef<V>(coef, c, kMuLo, ch0, cols, mu_lo);
         fetchCoef<V>(coef, c, kALo, ch0, cols, a_lo);
         fetchCoef<V>(coef, c, kKLo, ch0, cols, k_lo);
-      } else {
-        fetchCoef<V>(coef, c, kP, ch0, cols, p);
+        fetchCoef<V>(coef, c, kPLo, ch0, cols, p_lo);
       }
       if constexpr (kOut == BwdOut::kTrainDx) {
         fetchCoef<V>(coef, c, kInvstd, ch0, cols, is);
-        fetchCoef<V>(coef, c, kQ, ch0, cols, q);
-        fetchCoef<V>(coef, c, kR, ch0, cols, r);
+        if constexpr (kF64) {
+          fetchSum<V>(sums, c, kQ64, ch0, cols, q64);
+          fetchSum<V>(sums, c, kR64, ch0, cols, r64);
+        } else {
+          fetchCoef<V>(coef, c, kQ, ch0, cols, q);
+          fetchCoef<V>(coef, c, kR, ch0, cols, r);
+        }
       }
       Vec<T, V> d;
 #pragma unroll
       for (int k = 0; k < V; ++k) {
-        if constexpr (kOut == BwdOut::kGradBn) {
-          // float64 terms, one rounding (see swishGradF64)
+        if constexpr (kF64) {
           double xm;
-          const ChannelCoef cf{mu[k], a[k], kk[k], 0.f, a_lo[k], k_lo[k]};
-          d.v[k] = static_cast<float>(
-              swishGradF64(toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf, inv_d, &xm));
-          continue;
-        }
-        float xm;
-        const ChannelCoef cf{mu[k], a[k], kk[k], 0.f};
-        const float gb = swishGrad<T>(
-            toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf, static_cast<float>(inv_d), &xm);
-        if constexpr (kOut == BwdOut::kTrainDx) {
-          d.v[k] = fromFloat<T>(p[k] * (gb - q[k] - (xm * is[k]) * r[k]));
+          const ChannelCoef cf{mu[k], a[k], kk[k], 0.f, a_lo[k], k_lo[k], mu_lo[k]};
+          const double gb = swishGradF64(gv[u].v[k], xv[u].v[k], cf, inv_d, &xm);
+          const double pd = static_cast<double>(p[k]) + static_cast<double>(p_lo[k]);
+          if constexpr (kOut == BwdOut::kTrainDx) {
+            d.v[k] = static_cast<float>(
+                pd * (gb - q64[k] - (xm * static_cast<double>(is[k])) * r64[k]));
+          } else {
+            d.v[k] = static_cast<float>(pd * gb);
+          }
         } else {
-          d.v[k] = fromFloat<T>(p[k] * gb);
+          float xm;
+          const ChannelCoef cf{mu[k], a[k], kk[k], 0.f};
+          const float gb = swishGrad<T>(
+              toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf, static_cast<float>(inv_d), &xm);
+          if constexpr (kOut == BwdOut::kTrainDx) {
+            d.v[k] = fromFloat<T>(p[k] * (gb - q[k] - (xm * is[k]) * r[k]));
+          } else {
+            d.v[k] = fromFloat<T>(p[k] * gb);
+          }
         }
       }
       reinterpret_cast<Vec<T, V>*>(dx)[v] = d;
@@ -924,7 +1032,7 @@ int64_t numel(BnShape s) {
 template <typename Acc>
 struct Workspace {
   float* coef;
-  double* channel_sum;
+  double* sums;  // kNumSumSlots * c
   Acc* part0;
   Acc* part1;
 };
@@ -933,8 +1041,8 @@ template <typename Acc>
 Workspace<Acc> carve(void* ws, BnShape s, const Plan& p) {
   Workspace<Acc> w;
   w.coef = static_cast<float*>(ws);
-  w.channel_sum = reinterpret_cast<double*>(w.coef + kNumCoefSlots * s.c);
-  w.part0 = reinterpret_cast<Acc*>(w.channel_sum + s.c);
+  w.sums = reinterpret_cast<double*>(w.coef + kNumCoefSlots * s.c);
+  w.part0 = reinterpret_cast<Acc*>(w.sums + kNumSumSlots * s.c);
   w.part1 = w.part0 + p.splits * s.c;
   return w;
 }
@@ -947,7 +1055,7 @@ int64_t batchNormSwishWorkspaceBytes(BnShape shape, int elem_size, int num_sms) 
   }
   const Plan p = makePlan(shape, elem_size, num_sms);
   return int64_t(sizeof(float)) * kNumCoefSlots * shape.c +
-      int64_t(sizeof(double)) * (shape.c + 2 * p.splits * shape.c);
+      int64_t(sizeof(double)) * (kNumSumSlots * shape.c + 2 * p.splits * shape.c);
 }
 
 template <typename T>
@@ -1041,16 +1149,26 @@ void batchNormSwishBackward(
       aligned16(grad_output) && aligned16(x) && aligned16(grad_input);
   withVec<T>(p, aligned, [&](auto vc) {
     constexpr int V = decltype(vc)::value;
+    if constexpr (std::is_same_v<T, float>) {
+      if (training) {
+        // The forward's statistics pass again (its float partials), for mu_lo.
+        const auto stats = carve<float>(workspace, shape, p);
+        launchReduce<T, V, false>(
+            p, shape, x, nullptr, nullptr, 0.0, stats.part0, stats.part1, stream);
+        meanLoKernel<T><<<channelBlocks(shape.c), kThreads, 0, stream>>>(
+            x, stats.part0, stats.part1, shape.c, shape.l, p.splits, p.total, p.per,
+            ws.coef);
+      }
+    }
     if (need_sums) {
       launchReduce<T, V, true>(
-          p, shape, x, grad_output, ws.coef, 1.0 / affine.divisor, ws.part0,
-          ws.part1, stream);
+          p, shape, x, grad_output, ws.coef, inv_d, ws.part0, ws.part1, stream);
       backwardSumsFinalizeKernel<<<channelBlocks(shape.c), kThreads, 0, stream>>>(
           ws.part0, ws.part1, shape.c, p.splits, shape.n * shape.l, grads,
-          other_per_channel, ws.channel_sum, ws.coef);
+          other_per_channel, ws.sums, ws.coef);
       if (grads.other.data != nullptr && !other_per_channel) {
         sumChannelsKernel<<<1, kThreads, 0, stream>>>(
-            ws.channel_sum, shape.c, grads.other);
+            ws.sums + kSumG * shape.c, shape.c, grads.other);
       }
     }
     if (grad_input == nullptr) {
@@ -1060,53 +1178,11 @@ void batchNormSwishBackward(
     const auto blocks = applyBlocks(nvec);
     if (training) {
       applyBackwardKernel<T, V, BwdOut::kTrainDx><<<blocks, kThreads, 0, stream>>>(
-          grad_output, x, grad_input, nvec, shape.c, shape.l, ws.coef, inv_d);
+          grad_output, x, grad_input, nvec, shape.c, shape.l, ws.coef, ws.sums, inv_d);
     } else {
       applyBackwardKernel<T, V, BwdOut::kEvalDx><<<blocks, kThreads, 0, stream>>>(
-          grad_output, x, grad_input, nvec, shape.c, shape.l, ws.coef, inv_d);
+          grad_output, x, grad_input, nvec, shape.c, shape.l, ws.coef, ws.sums, inv_d);
     }
-  });
-}
-
-template <typename T>
-void batchNormSwishGradBn(
-    const T* grad_output,
-    const T* x,
-    BnShape shape,
-    const BnAffine& affine,
-    BnChannelRef mean,
-    BnChannelRef invstd,
-    T* grad_bn,
-    BnChannelMut grad_other,
-    void* workspace,
-    int num_sms,
-    cudaStream_t stream) {
-  if (numel(shape) == 0) {
-    return;
-  }
-  const Plan p = makePlan(shape, sizeof(T), num_sms);
-  const auto ws = carve<double>(workspace, shape, p);
-  const double inv_d = 1.0 / affine.divisor;
-  coefFromStatsKernel<<<channelBlocks(shape.c), kThreads, 0, stream>>>(
-      shape.c, mean, invstd, /*is_var=*/false, 0.0, affine, ws.coef);
-  const bool other_per_channel = affine.other.stride != 0;
-  const bool aligned = aligned16(grad_output) && aligned16(x) && aligned16(grad_bn);
-  withVec<T>(p, aligned, [&](auto vc) {
-    constexpr int V = decltype(vc)::value;
-    if (grad_other.data != nullptr) {
-      launchReduce<T, V, true>(
-          p, shape, x, grad_output, ws.coef, inv_d, ws.part0, ws.part1, stream);
-      const BnParamGrads grads{{}, {}, grad_other};
-      backwardSumsFinalizeKernel<<<channelBlocks(shape.c), kThreads, 0, stream>>>(
-          ws.part0, ws.part1, shape.c, p.splits, shape.n * shape.l, grads,
-          other_per_channel, ws.channel_sum, ws.coef);
-      if (!other_per_channel) {
-        sumChannelsKernel<<<1, kThreads, 0, stream>>>(ws.channel_sum, shape.c, grad_other);
-      }
-    }
-    const int64_t nvec = numel(shape) / V;
-    applyBackwardKernel<T, V, BwdOut::kGradBn><<<applyBlocks(nvec), kThreads, 0, stream>>>(
-        grad_output, x, grad_bn, nvec, shape.c, shape.l, ws.coef, inv_d);
   });
 }
 
@@ -1124,11 +1200,9 @@ void batchNormSwishGradBn(
 TORCHFUSE_INSTANTIATE_BN_SWISH_FORWARD(float)
 TORCHFUSE_INSTANTIATE_BN_SWISH_FORWARD(__half)
 TORCHFUSE_INSTANTIATE_BN_SWISH_FORWARD(__nv_bfloat16)
+TORCHFUSE_INSTANTIATE_BN_SWISH_BACKWARD(float)
 TORCHFUSE_INSTANTIATE_BN_SWISH_BACKWARD(__half)
 TORCHFUSE_INSTANTIATE_BN_SWISH_BACKWARD(__nv_bfloat16)
-template void batchNormSwishGradBn<float>(
-    const float*, const float*, BnShape, const BnAffine&, BnChannelRef,
-    BnChannelRef, float*, BnChannelMut, void*, int, cudaStream_t);
 #undef TORCHFUSE_INSTANTIATE_BN_SWISH_FORWARD
 #undef TORCHFUSE_INSTANTIATE_BN_SWISH_BACKWARD
 

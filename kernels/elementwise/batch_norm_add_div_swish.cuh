@@ -105,12 +105,14 @@ void batchNormSwishEvalForward(
     int num_sms,
     cudaStream_t stream);
 
-// Backward of 16-bit inputs (T = __half, __nv_bfloat16).  mean / invstd are
-// the saved batch statistics (training) or the running mean and
-// 1/sqrt(rv + eps) (eval).  grad_output has x's layout.  grad_input (x's
-// layout) is written where not null, the parameter gradients where wanted;
-// the sums behind them accumulate in float64 and are reduced in a fixed
-// order, so they are deterministic.
+// Backward.  mean / invstd are the saved batch statistics (training) or the
+// running mean and 1/sqrt(rv + eps) (eval).  grad_output has x's layout.
+// grad_input (x's layout) is written where not null, the parameter gradients
+// where wanted; the sums behind them accumulate in float64 and are reduced in
+// a fixed order, so they are deterministic.  float32 (T = float) evaluates
+// the per-element terms in float64 and rounds dx once; in training it centres
+// x on the float64 batch mean, recomputed as the forward computed it, where
+// mean is that mean's float32 rounding.
 template <typename T>
 void batchNormSwishBackward(
     const T* grad_output,
@@ -122,25 +124,6 @@ void batchNormSwishBackward(
     bool training,
     T* grad_input,
     const BnParamGrads& grads,
-    void* workspace,
-    int num_sms,
-    cudaStream_t stream);
-
-// Float32 (T = float) training backward, for ATen's batch-norm backward to
-// finish: g_bn = d out / d (bn + s) in x's layout, from float64 terms rounded
-// once, and, where grad_other.data is not null, other's gradient (the
-// sum_to_size of g_bn as in BnParamGrads) summed from the float64 terms.
-// The same workspace as batchNormSwishBackward.
-template <typename T>
-void batchNormSwishGradBn(
-    const T* grad_output,
-    const T* x,
-    BnShape shape,
-    const BnAffine& affine,
-    BnChannelRef mean,
-    BnChannelRef invstd,
-    T* grad_bn,
-    BnChannelMut grad_other,
     void* workspace,
     int num_sms,
     cudaStream_t stream);

@@ -35,11 +35,6 @@ using OptTensor = std::optional<at::Tensor>;
       AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__)       \
       AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__)        \
       AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
-#define TORCHFUSE_DISPATCH_BN_16BIT_TYPES(TYPE, NAME, ...) \
-  AT_DISPATCH_SWITCH(                                      \
-      TYPE, NAME,                                          \
-      AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__)             \
-      AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
 
 std::optional<k::BnDtype> bnDtype(at::ScalarType s) {
   switch (s) {
@@ -315,51 +310,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForwardCuda(
   return {out, save_mean, save_invstd};
 }
 
-// float32 training backward: g_bn (float64 terms, rounded once) and other's
-// gradient (summed from the float64 terms) from the kernels, then ATen's
-// batch-norm backward (eager's own kernels) for the rest.  The fully fused
-// float32 backward missed the bound of 2x eager's error for some draws
-// (grad_input with one value per channel, where eager's cancels exactly).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> float32TrainBackward(
-    const at::Tensor& g,
-    const at::Tensor& input,
-    const OptTensor& weight,
-    const at::Tensor& mean,
-    const at::Tensor& invstd,
-    const at::Tensor& other,
-    const k::BnShape& shape,
-    const k::BnAffine& affine,
-    const k::BnChannelRef& mu,
-    const k::BnChannelRef& is,
-    const at::TensorOptions& ct,
-    std::array<bool, 4> output_mask,
-    int sms) {
-  auto g_bn = at::empty_like(input);
-  // One value, or C contiguous values along other's channel dimension.
-  const auto grad_other = output_mask[3] ? at::empty(other.sizes(), ct) : at::Tensor();
-  auto ws = workspace(input, shape, sms);
-  k::batchNormSwishGradBn(
-      g.const_data_ptr<float>(), input.const_data_ptr<float>(), shape, affine, mu,
-      is, g_bn.data_ptr<float>(),
-      grad_other.defined() ? mutRef(grad_other) : k::BnChannelMut{}, ws.data_ptr(),
-      sms, at::cuda::getCurrentCUDAStream());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  at::Tensor grad_input, grad_weight, grad_bias;
-  if (output_mask[0] || output_mask[1] || output_mask[2]) {
-    // NB: the weight is needed for grad_input; ones stand in for none.
-    const auto w = defined(weight) ? *weight : at::ones({shape.c}, input.options());
-    std::tie(grad_input, grad_weight, grad_bias) = at::native_batch_norm_backward(
-        g_bn, input, w, /*running_mean=*/{}, /*running_var=*/{}, mean.to(at::kFloat),
-        invstd.to(at::kFloat), /*train=*/true, /*eps=*/0.0,
-        {output_mask[0], output_mask[1], output_mask[2]});
-  }
-  const auto asCt = [&](const at::Tensor& t, bool wanted) {
-    return wanted && t.defined() ? t.to(ct.dtype()) : at::Tensor();
-  };
-  return {output_mask[0] ? grad_input : at::Tensor(), asCt(grad_weight, output_mask[1]),
-          asCt(grad_bias, output_mask[2]), grad_other};
-}
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 batchNormAddDivSwishBackwardCuda(
     const at::Tensor& grad_output,
@@ -379,12 +329,11 @@ batchNormAddDivSwishBackwardCuda(
   };
   // NB: with grad_output in the input's dtype the composite computes in
   // batchNormBackwardType: float64 for float32 inputs, float32 for 16-bit
-  // ones.  The kernels' elementwise arithmetic is float32 and their sums
-  // float64, and their parameter gradients take that type, as the composite's.
+  // ones.  The kernels' sums are float64, their per-element terms float64
+  // for float32 inputs and float32 for 16-bit ones, and their parameter
+  // gradients take that type, as the composite's.
   const auto shape = kernelShape(input);
-  // NB: a float32 eval backward takes the composite (float64 arithmetic).
-  const bool fp32 = input.scalar_type() == at::kFloat;
-  if (!shape || (fp32 && !training) || !grad_output.defined() ||
+  if (!shape || !grad_output.defined() ||
       grad_output.scalar_type() != input.scalar_type() ||
       grad_output.sizes() != input.sizes() ||
       grad_output.device() != input.device()) {
@@ -408,11 +357,6 @@ batchNormAddDivSwishBackwardCuda(
   const auto ct = input.options().dtype(
       batchNormBackwardType(input.scalar_type(), grad_output.scalar_type()));
   const k::BnAffine affine{*w, *b, *s, *d};
-  if (fp32) {
-    return float32TrainBackward(
-        g, input, weight, mean, invstd, other, *shape, affine, *mu, *is, ct,
-        output_mask, sms);
-  }
   at::Tensor grad_input, grad_weight, grad_bias, grad_other;
   if (output_mask[0]) {
     grad_input = at::empty_like(input);
@@ -433,7 +377,7 @@ batchNormAddDivSwishBackwardCuda(
   const k::BnParamGrads grads{mut(grad_weight), mut(grad_bias), mut(grad_other)};
   auto ws = workspace(input, *shape, sms);
   const auto stream = at::cuda::getCurrentCUDAStream();
-  TORCHFUSE_DISPATCH_BN_16BIT_TYPES(input.scalar_type(), "custom_batch_norm_add_div_swish_backward", [&] {
+  TORCHFUSE_DISPATCH_BN_TYPES(input.scalar_type(), "custom_batch_norm_add_div_swish_backward", [&] {
     k::batchNormSwishBackward(
         cudaPtr<scalar_t>(g), cudaPtr<scalar_t>(input), *shape, affine, *mu, *is,
         training, grad_input.defined() ? cudaPtr<scalar_t>(grad_input) : nullptr,
@@ -444,7 +388,6 @@ batchNormAddDivSwishBackwardCuda(
 }
 
 #undef TORCHFUSE_DISPATCH_BN_TYPES
-#undef TORCHFUSE_DISPATCH_BN_16BIT_TYPES
 
 } // namespace
 } // namespace torchfuse::ops
