@@ -1,5 +1,6 @@
 // The module-level pipeline (docs/passes.md):
-//   clone -> guard loop-carried aliases -> Inline -> guard again
+//   clone -> inline free functions, guard loop-carried aliases -> Inline
+//   -> guard again
 //   -> [freeze_module] -> ConstantPropagation -> Canonicalize
 //   -> FuseConvReluAdd -> FuseLinearAddRelu -> FuseBatchNormAddDivSwish
 //   -> ReplaceRelu -> EliminateDeadCode -> remove the guards -> lint
@@ -206,6 +207,47 @@ void removeLoopCarriedAliasGuards(const std::shared_ptr<torch::jit::Graph>& grap
   }
 }
 
+// NB: a free function (prim::CallFunction), or a method of a TorchScript
+// class that is not a module, is shared by every graph that calls it, and
+// its optimized graph is cached on first use: Inline would insert one built
+// while the executor's optimization is on (DCE included, so a write AliasDb
+// misses may already be gone), and would leave it cached for the caller's
+// module too.  Insert a copy of the callee's own graph instead, its calls
+// inlined the same way, so the guards see the loops before any DCE and the
+// shared function is not touched.
+bool callsSharedFunction(torch::jit::Node* n) {
+  if (n->kind() == c10::prim::CallFunction) {
+    return true;
+  }
+  if (n->kind() != c10::prim::CallMethod) {
+    return false;
+  }
+  const auto type = n->input(0)->type()->cast<c10::ClassType>();
+  return type != nullptr && !type->is_module();
+}
+
+void inlineSharedFunctions(torch::jit::Block* block) {
+  for (auto it = block->nodes().begin(); it != block->nodes().end();) {
+    torch::jit::Node* n = *it++;
+    for (auto* b : n->blocks()) {
+      inlineSharedFunctions(b);
+    }
+    if (!callsSharedFunction(n)) {
+      continue;
+    }
+    auto* callee = torch::jit::tryToGraphFunction(n);
+    if (callee == nullptr) {
+      continue;
+    }
+    const auto body = callee->graph()->copy();
+    inlineSharedFunctions(body->block());
+    if (n->kind() == c10::prim::CallFunction) {
+      n->removeInput(0);  // the function constant, not a graph input
+    }
+    torch::jit::inlineCallTo(n, callee, body.get());
+  }
+}
+
 // Calls fn on the graph of every method of `module` and its submodules.
 void forEachMethod(
     const torch::jit::Module& module,
@@ -264,7 +306,10 @@ torch::jit::Module optimize(
   // shows to be fresh: Inline inserts each callee's optimized graph, whose
   // preoptimization already runs DCE, and freeze_module runs more.  Calls
   // hide what they write, so the guards are decided again once inlined.
+  // The methods are the clone's own; the free functions they call are
+  // shared, so they are inlined unoptimized first.
   forEachMethod(result, [](torch::jit::GraphFunction& f) {
+    inlineSharedFunctions(f.graph()->block());
     guardLoopCarriedAliases(f.graph());
   });
   torch::jit::Inline(*forwardGraph(result));
