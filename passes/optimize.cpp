@@ -3,9 +3,11 @@
 //   -> guard again
 //   -> [freeze_module] -> ConstantPropagation -> Canonicalize
 //   -> FuseConvReluAdd -> FuseLinearAddRelu -> FuseBatchNormAddDivSwish
-//   -> ReplaceRelu -> EliminateDeadCode -> remove the guards -> lint
+//   -> ReplaceRelu -> EliminateDeadCode -> guards to their persistent form
+//   -> lint
 
 #include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/jit_log.h>
 #include <torch/csrc/jit/passes/constant_propagation.h>
 #include <torch/csrc/jit/passes/dead_code_elimination.h>
@@ -248,6 +250,57 @@ void inlineSharedFunctions(torch::jit::Block* block) {
   }
 }
 
+// The persistent form of a guard: the body returns `[returned, received][0]`.
+// NB: putting a value in a list makes it an AliasDb wildcard, as the
+// guard's tuple does, and the list stays as long as the slot does, with no
+// side effect.  Unlike the guard it survives serialization: loading compiles
+// the saved code again, whose DCE would otherwise drop the write once the
+// producer is visible (it does so in the inlined forward).  The optimizing
+// executor's list peephole folds it, as it drops the write in the original.
+bool isSealedLoopSlot(const torch::jit::Node* loop, size_t slot) {
+  auto* body = loop->blocks().at(0);
+  const auto* returned = body->outputs().at(slot + 1)->node();
+  if (returned->kind() != c10::aten::__getitem__ ||
+      returned->input(0)->node()->kind() != c10::prim::ListConstruct) {
+    return false;
+  }
+  const auto index = torch::jit::constant_as<int64_t>(returned->input(1));
+  const auto* list = returned->input(0)->node();
+  return index == 0 && list->inputs().size() == 2 &&
+      list->input(1) == body->inputs().at(slot + 1);
+}
+
+void sealLoopCarriedAliases(const std::shared_ptr<torch::jit::Graph>& graph) {
+  std::vector<std::pair<torch::jit::Node*, size_t>> slots;
+  {
+    torch::jit::AliasDb db(graph);
+    passes::forEachNode(graph->block(), [&](torch::jit::Node* n) {
+      if (n->kind() != c10::prim::Loop) {
+        return;
+      }
+      for (size_t i = 0; i < n->outputs().size(); ++i) {
+        if (!isSealedLoopSlot(n, i) && loopCarriedWriteHiddenFromAliasDb(db, n, i)) {
+          slots.emplace_back(n, i);
+        }
+      }
+    });
+  }
+  for (const auto& [loop, slot] : slots) {
+    auto* body = loop->blocks().at(0);
+    auto* received = body->inputs().at(slot + 1);
+    auto* returned = body->outputs().at(slot + 1);
+    if (!returned->type()->isSubtypeOf(*received->type())) {
+      continue;  // not a well-typed slot; nothing to build the list from
+    }
+    torch::jit::WithInsertPoint insert(body->return_node());
+    auto* list = graph->insertNode(
+        graph->createList(received->type(), {returned, received}));
+    body->replaceOutput(
+        slot + 1,
+        graph->insert(c10::aten::__getitem__, {list->output(), int64_t{0}}));
+  }
+}
+
 // Calls fn on the graph of every method of `module` and its submodules.
 void forEachMethod(
     const torch::jit::Module& module,
@@ -345,6 +398,7 @@ torch::jit::Module optimize(
   // NB: the cached optimized graphs hold guards; they are rebuilt on use.
   forEachMethod(result, [](torch::jit::GraphFunction& f) {
     removeLoopCarriedAliasGuards(f.graph());
+    sealLoopCarriedAliases(f.graph());
     f.clear_optimized_graphs();
   });
   graph->lint();

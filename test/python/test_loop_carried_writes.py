@@ -2,13 +2,14 @@
 (`v2 = relu(v1); for ...: v1.add_(b); v1 = v2`: the second iteration writes
 v2, AliasDb sees a write to v1's first value only; docs/passes.md,
 "Loop-carried alias guards"): optimize keeps them when the loop sits in a
-free function.
+free function, and through torch.jit.save / torch.jit.load.
 
 Each case defines its classes and free functions in a fresh Python module:
 TorchScript compiles a free function once per Python function and caches its
 optimized graph, so a function shared between cases would carry one case's
 state into the next."""
 
+import io
 import os
 import sys
 
@@ -137,3 +138,77 @@ def test_keeps_writes_to_loop_carried_tensors_in_free_functions(source, scripted
         torch.testing.assert_close(want, eager)
     else:
         assert not torch.allclose(want, eager)
+
+
+# The fuzzer's program (seed 4, program 1565) whose write optimize dropped.
+SEED_4_PROGRAM_1565 = """\
+class Program(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv0 = nn.Conv2d(3, 6, 1, stride=1, padding=0, dilation=1, groups=3, bias=True)
+        self.register_buffer("b5", torch.randn(4, 6, 4, 5))
+        self.conv8 = nn.Conv2d(6, 6, 3, stride=1, padding=1, dilation=1, groups=1, bias=True)
+    def forward(self, x0):
+        v1 = self.conv0(x0)
+        v2 = torch.relu(v1)
+        for _ in range(2):
+            v1.add_(self.b5)
+            v1 = v2
+        return self.conv8(v1)
+"""
+
+
+def _save_and_load(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
+    buffer = io.BytesIO()
+    torch.jit.save(module, buffer)
+    buffer.seek(0)
+    return torch.jit.load(buffer)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("freeze", [False, True], ids=["train", "frozen"])
+def test_loaded_optimized_module_keeps_writes_to_loop_carried_tensors(freeze, grad):
+    """Loading compiles the saved code again; its dead-code elimination
+    would drop the write in the inlined forward, so optimize leaves the
+    slot's guard in a persistent form (`[returned, received][0]`)."""
+    model = _model(SEED_4_PROGRAM_1565, freeze)
+    x = torch.randn(4, 3, 4, 5, dtype=torch.float64)
+    with torch.no_grad():
+        eager = model(x.clone())
+    with torch.jit.optimized_execution(False):
+        scripted = torch.jit.script(model)
+        optimized = torchfuse.optimize(scripted, freeze=freeze)
+        loaded = _save_and_load(optimized)
+        assert "print" not in loaded.code
+        with torch.set_grad_enabled(grad):
+            for module in (scripted, optimized, _save_and_load(scripted), loaded):
+                for _ in range(2):
+                    torch.testing.assert_close(module(x.clone()), eager)
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+@pytest.mark.parametrize("freeze", [False, True], ids=["train", "frozen"])
+def test_optimizing_executor_drops_writes_to_loop_carried_tensors(freeze, grad):
+    """TorchScript behaviour that docs/passes.md describes, asserted so that
+    a change in torch is noticed: the optimizing executor (the default)
+    drops the write from the original, saved and loaded or not, and from
+    the unfrozen optimized module alike (its list peephole folds the
+    guard).  freeze_module unrolls the constant loop: the frozen module's
+    write is no longer loop-carried and stays."""
+    model = _model(SEED_4_PROGRAM_1565, freeze)
+    x = torch.randn(4, 3, 4, 5, dtype=torch.float64)
+    with torch.no_grad():
+        eager = model(x.clone())
+    with torch.jit.optimized_execution(False):
+        scripted = torch.jit.script(model)
+        optimized = torchfuse.optimize(scripted, freeze=freeze)
+    # NB: fresh loads: nothing has run, so no executor caches a plan.
+    modules = [_save_and_load(scripted), _save_and_load(optimized)]
+    with torch.jit.optimized_execution(True), torch.set_grad_enabled(grad):
+        original, opt = [[m(x.clone()) for _ in range(3)] for m in modules]
+    for o, p in zip(original, opt):
+        assert not torch.allclose(o, eager)
+        if freeze:
+            torch.testing.assert_close(p, eager)
+        else:
+            torch.testing.assert_close(p, o)

@@ -5,6 +5,9 @@
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/frontend/resolver.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/csrc/jit/serialization/import.h>
+
+#include <sstream>
 
 namespace torchfuse {
 namespace {
@@ -160,6 +163,22 @@ TEST(Optimize, KeepsWritesToLoopCarriedTensorsInSubmodules) {
   torch::jit::GraphOptimizerEnabledGuard plain(false);
   passes::testing::expectClose(
       out.forward({x, b}).toTensor(), (torch::relu(x * 2.0) + b) * 3.0);
+}
+
+// Loading compiles the saved code again, and its DCE drops the write once
+// the inlined forward shows v1 fresh: the guard stays in a persistent form.
+TEST(Optimize, KeepsWritesToLoopCarriedTensorsThroughSaveAndLoad) {
+  auto x = torch::randn({2, 3}, torch::kDouble), b = torch::randn({2, 3}, torch::kDouble);
+  std::stringstream saved;
+  optimize(loopCarriedWriteModule()).save(saved);
+  auto loaded = torch::jit::load(saved);
+  auto graph = loaded.get_method("forward").graph();
+  FileCheck().check("aten::add_")->check("prim::ListConstruct")->check("aten::__getitem__")
+      ->run(*graph);
+  FileCheck().check_not("prim::Print")->run(*graph);
+  torch::jit::GraphOptimizerEnabledGuard plain(false);
+  auto got = loaded.forward({x, b, 2}).toTuple();
+  passes::testing::expectClose(got->elements()[1].toTensor(), (torch::relu(x * 2.0) + b) * 3.0);
 }
 
 TEST(Canonicalize, FunctionalizesInPlaceOpsOnFreshTensorsOnly) {
