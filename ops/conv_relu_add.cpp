@@ -5,11 +5,13 @@
 
 #include "ops/conv_relu_add.h"
 
+#include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/accumulate.h>
 #include <torch/library.h>
 
 #include "ops/common/checks.h"
+#include "ops/common/relu_mask.h"
 #include "torchfuse/ops.h"
 
 TORCH_LIBRARY_FRAGMENT(torchfuse, m) {
@@ -82,9 +84,64 @@ void checkParam(
 }
 } // namespace
 
+ConvExtents convExtents(at::IntArrayRef conv_sizes, bool batched) {
+  const int64_t images = batched ? conv_sizes[0] : 1;
+  const int64_t channels = conv_sizes[batched ? 1 : 0];
+  return {images, channels, c10::multiply_integers(conv_sizes.slice(batched ? 2 : 1))};
+}
+
+ConvMaskOrder convMaskOrder(const at::Tensor& input, const at::Tensor& weight) {
+  const bool batched = input.dim() == weight.dim();
+  return batched && convOutputMemoryFormat(input, weight) != at::MemoryFormat::Contiguous
+      ? ConvMaskOrder::ChannelsInner
+      : ConvMaskOrder::PositionsInner;
+}
+
+int64_t convMaskBytes(const ConvExtents& e, ConvMaskOrder order) {
+  return order == ConvMaskOrder::PositionsInner
+      ? reluMaskBytes(e.images * e.channels * e.positions)
+      : e.images * e.positions * ((e.channels + 31) / 32) * 4;
+}
+
 c10::SymInt convMaskBytes(
-    const c10::SymInt& images, const c10::SymInt& channels, const c10::SymInt& positions) {
-  return images * positions * ((channels + 31) / 32) * 4;
+    const c10::SymInt& images,
+    const c10::SymInt& channels,
+    const c10::SymInt& positions,
+    ConvMaskOrder order) {
+  return order == ConvMaskOrder::PositionsInner
+      ? reluMaskBytes(images * channels * positions)
+      : images * positions * ((channels + 31) / 32) * 4;
+}
+
+namespace {
+int64_t paddedChannels(int64_t channels) {
+  return (channels + 31) / 32 * 32;
+}
+} // namespace
+
+// NB: ATen ops, so that one definition serves every device; the CUDA kernels
+// (kernels/conv/conv_relu_add.cuh) write and read the same bits directly.
+at::Tensor packConvMask(const at::Tensor& keep, bool batched, ConvMaskOrder order) {
+  if (order == ConvMaskOrder::PositionsInner) {
+    return packReluMask(keep);  // logical order
+  }
+  const auto e = convExtents(keep.sizes(), batched);
+  const auto k = keep.reshape({e.images, e.channels, e.positions});
+  auto padded = at::zeros(
+      {e.images, e.positions, paddedChannels(e.channels)}, k.options().dtype(at::kBool));
+  padded.narrow(2, 0, e.channels).copy_(k.transpose(1, 2));
+  return packReluMask(padded);
+}
+
+at::Tensor unpackConvMask(
+    const at::Tensor& mask, at::IntArrayRef conv_sizes, bool batched, ConvMaskOrder order) {
+  if (order == ConvMaskOrder::PositionsInner) {
+    return unpackReluMask(mask, conv_sizes);
+  }
+  const auto e = convExtents(conv_sizes, batched);
+  const auto keep =
+      unpackReluMask(mask, {e.images, e.positions, paddedChannels(e.channels)});
+  return keep.narrow(2, 0, e.channels).transpose(1, 2).reshape(conv_sizes);
 }
 
 at::MemoryFormat convOutputMemoryFormat(const at::Tensor& input, const at::Tensor& weight) {
@@ -211,10 +268,7 @@ std::vector<int64_t> checkConvReluAddBackwardInputs(
   checkSameDevice(kBackward, "grad_output", grad_output, input);
   checkSameDevice(kBackward, "mask", mask, input);
   const bool batched = input.dim() == weight.dim();
-  const int64_t images = batched ? out[0] : 1;
-  const int64_t channels = out[batched ? 1 : 0];
-  const int64_t positions = c10::multiply_integers(out) / std::max<int64_t>(1, images * channels);
-  const int64_t bytes = convMaskBytes(images, channels, positions).expect_int();
+  const int64_t bytes = convMaskBytes(convExtents(out, batched), convMaskOrder(input, weight));
   TORCH_CHECK(
       mask.scalar_type() == at::kByte && mask.dim() == 1 && mask.numel() == bytes, kBackward,
       ": expected mask to be the 1-D uint8 tensor of ", bytes,

@@ -34,23 +34,53 @@ std::vector<int64_t> checkConvReluAddInputs(
     int64_t groups,
     const at::Tensor& other);
 
-// The ReLU mask custom_conv_relu_add_forward returns: one bit per conv output
-// element, !(t <= 0) for the pre-activation t, in channels-last order
-// (image, spatial position, channel) with each position's channels padded to
-// whole 32-bit words, packed as ops/common/relu_mask.h describes.  It is the
-// order in which the CUDA kernels (kernels/conv/conv_relu_add.cuh) write one
-// word per warp ballot next to cuDNN's channels-last output.  An unbatched
-// output counts as one image.
+// A conv output [N, C, spatial...] seen as images x channels x positions
+// (the product of the spatial sizes); an unbatched output [C, spatial...]
+// counts as one image.
+struct ConvExtents {
+  int64_t images, channels, positions;
+};
+ConvExtents convExtents(at::IntArrayRef conv_sizes, bool batched);
+
+// NB: the one definition of the ReLU mask's bit order.  The mask that
+// custom_conv_relu_add_forward returns and custom_conv_relu_add_backward
+// reads holds one bit per conv output element, !(t <= 0) for the
+// pre-activation t, packed little-endian into 32-bit words (stored as
+// uint8), in one of two orders, each the memory order of the conv output
+// eager gives, so that the CUDA passes stream over output and mask together:
+//   PositionsInner: the conv output's logical (row-major) order [N][C][S],
+//     which is NCHW memory order: bit i % 32 of word i / 32 for element
+//     i = (n * C + c) * S + s, no padding (a word may span channels and
+//     images): ceil(N * C * S / 32) * 4 bytes, ops/common/relu_mask.h's layout.
+//   ChannelsInner: channels-last order [N][S][C] with each position's
+//     channels padded to whole words: bit c % 32 of word
+//     (n * S + s) * ceil(C / 32) + c / 32; N * S * ceil(C / 32) * 4 bytes.
+// convMaskOrder says which: ChannelsInner exactly when the conv output is
+// channels-last (convOutputMemoryFormat: a batched convolution whose input
+// or weight is channels-last), else PositionsInner.  It is a function of
+// input and weight alone, which the forward and the backward both have, so
+// every device and path agrees on it, whatever memory format grad_output
+// arrives in and whatever layout the convolution actually produced.
+enum class ConvMaskOrder { PositionsInner, ChannelsInner };
+
+ConvMaskOrder convMaskOrder(const at::Tensor& input, const at::Tensor& weight);
+
+int64_t convMaskBytes(const ConvExtents& extents, ConvMaskOrder order);
 c10::SymInt convMaskBytes(
-    const c10::SymInt& images, const c10::SymInt& channels, const c10::SymInt& positions);
+    const c10::SymInt& images,
+    const c10::SymInt& channels,
+    const c10::SymInt& positions,
+    ConvMaskOrder order);
 
 // keep: a bool tensor shaped like the conv output.
-at::Tensor packConvMask(const at::Tensor& keep, bool batched);
+at::Tensor packConvMask(const at::Tensor& keep, bool batched, ConvMaskOrder order);
 
 // The bool tensor shaped `conv_sizes` that packConvMask packed.
-at::Tensor unpackConvMask(const at::Tensor& mask, at::IntArrayRef conv_sizes, bool batched);
+at::Tensor unpackConvMask(
+    const at::Tensor& mask, at::IntArrayRef conv_sizes, bool batched, ConvMaskOrder order);
 
-// Checks the backward's arguments and returns the conv output's shape.
+// Checks the backward's arguments, the mask's size in the order
+// convMaskOrder(input, weight) included, and returns the conv output's shape.
 std::vector<int64_t> checkConvReluAddBackwardInputs(
     const at::Tensor& grad_output,
     const at::Tensor& mask,

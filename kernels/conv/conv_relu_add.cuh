@@ -9,9 +9,13 @@
 // spatial sizes).  "nchw" is [N][C][S] (contiguous), "nhwc" is [N][S][C]
 // (channels-last).
 //
-// Mask layout (ops/conv_relu_add.h): bits in channels-last order, each
-// position's channels padded to whole 32-bit words: bit c % 32 of word
-// (n * S + s) * ceil(C / 32) + c / 32 is !(t <= 0) for the pre-activation t.
+// Mask orders (defined, and chosen per convolution, in ops/conv_relu_add.h):
+//   positions-inner: bit i % 32 of word i / 32 is !(t <= 0) for element
+//     i = (n * C + c) * S + s, no padding: nchw memory order;
+//   channels-inner: bit c % 32 of word (n * S + s) * ceil(C / 32) + c / 32,
+//     each position's channels padded to whole words: nhwc memory order.
+// The positions-inner passes stream nchw tensors with their mask unstaged;
+// the channels-inner ones stage nchw tensors through shared-memory tiles.
 
 #include <cuda_runtime_api.h>
 
@@ -19,12 +23,56 @@
 
 namespace torchfuse::kernels {
 
-// From the conv output `conv` (nchw when nchw, else nhwc), in one pass:
+// ---- positions-inner mask, nchw tensors: unstaged streaming passes.
+
+// From the nchw conv output `conv`, in one pass:
 //   t = conv + bias[c];  out = (t <= 0 ? 0 : t) + alpha * other[c]
-// in the same layout, and the mask of t.  bias, other (C values each) and
-// mask may be null; out may be conv.
+// (nchw), and the positions-inner mask of t.  bias, other (C values each) and
+// mask may be null; out may be conv; mask must be 4-byte aligned.  16-byte
+// loads and stores where conv and out are 16-byte aligned, else scalar ones.
 template <typename T>
-void convReluAddEpilogue(
+void convReluAddEpiloguePositionsInner(
+    const T* conv,
+    const T* bias,
+    const T* other,
+    float alpha,
+    T* out,
+    uint32_t* mask,
+    int64_t n,
+    int64_t c,
+    int64_t s,
+    cudaStream_t stream);
+
+// Partial sums convReluAddGradProloguePositionsInner writes: `parts` rows of
+// C doubles each.  n <= 65535.
+int64_t convReluAddGradPartsPositionsInner(int64_t n, int64_t c, int64_t s);
+
+// From the nchw grad_output `dy` and the positions-inner mask, in one pass:
+//   g = mask ? dy : 0 (nchw),
+// and per-channel partial sums of g and of dy into sum_g and sum_dy
+// (convReluAddGradPartsPositionsInner rows of C each; either may be null).
+// n <= 65535; mask 4-byte aligned.  16-byte loads and stores where dy and g
+// are 16-byte aligned and S is a multiple of 16 bytes' worth of elements,
+// else scalar ones.
+template <typename T>
+void convReluAddGradProloguePositionsInner(
+    const T* dy,
+    const uint32_t* mask,
+    T* g,
+    double* sum_g,
+    double* sum_dy,
+    int64_t n,
+    int64_t c,
+    int64_t s,
+    cudaStream_t stream);
+
+// ---- channels-inner mask: one warp ballot per word, nchw tensors staged
+// through shared-memory tiles.
+
+// As convReluAddEpiloguePositionsInner, with the channels-inner mask and
+// `conv`/`out` nchw when nchw, else nhwc.
+template <typename T>
+void convReluAddEpilogueChannelsInner(
     const T* conv,
     const T* bias,
     const T* other,
@@ -37,15 +85,14 @@ void convReluAddEpilogue(
     int64_t s,
     cudaStream_t stream);
 
-// Partial sums convReluAddGradPrologue writes: `parts` rows of C doubles each.
-int64_t convReluAddGradParts(int64_t n, int64_t c, int64_t s);
+// Partial sums convReluAddGradPrologueChannelsInner writes: `parts` rows of
+// C doubles each.
+int64_t convReluAddGradPartsChannelsInner(int64_t n, int64_t c, int64_t s);
 
-// From grad_output `dy` (nchw when dy_nchw, else nhwc), in one pass:
-//   g = mask ? dy : 0 written nchw when g_nchw, else nhwc,
-// and per-channel partial sums of g and of dy into sum_g and sum_dy
-// (convReluAddGradParts rows of C each; either may be null).
+// As convReluAddGradProloguePositionsInner, with the channels-inner mask, dy
+// nchw when dy_nchw, else nhwc, and g nchw when g_nchw, else nhwc.
 template <typename T>
-void convReluAddGradPrologue(
+void convReluAddGradPrologueChannelsInner(
     const T* dy,
     bool dy_nchw,
     const uint32_t* mask,

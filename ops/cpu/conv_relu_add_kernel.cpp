@@ -31,18 +31,6 @@ std::vector<int64_t> expanded(at::IntArrayRef v, int64_t n) {
   return v.size() == 1 ? std::vector<int64_t>(n, v[0]) : v.vec();
 }
 
-// [N, C, S...] (or [C, S...]) viewed as [N, C, positions].
-at::Tensor asImagesChannelsPositions(const at::Tensor& t, bool batched) {
-  const auto b = batched ? t : t.unsqueeze(0);
-  // NB: explicit, not -1: an empty batch leaves -1 ambiguous.
-  const int64_t positions = c10::multiply_integers(b.sizes().slice(2));
-  return b.reshape({b.size(0), b.size(1), positions});
-}
-
-int64_t paddedChannels(int64_t channels) {
-  return (channels + 31) / 32 * 32;
-}
-
 } // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolveBackward(
@@ -66,23 +54,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolveBackward(
     grad_input = grad_input.squeeze(0);
   }
   return {grad_input, grad_weight, grad_bias};
-}
-
-at::Tensor packConvMask(const at::Tensor& keep, bool batched) {
-  const auto k = asImagesChannelsPositions(keep, batched);
-  auto padded = at::zeros(
-      {k.size(0), k.size(2), paddedChannels(k.size(1))}, k.options().dtype(at::kBool));
-  padded.narrow(2, 0, k.size(1)).copy_(k.transpose(1, 2));
-  return packReluMask(padded);
-}
-
-at::Tensor unpackConvMask(const at::Tensor& mask, at::IntArrayRef conv_sizes, bool batched) {
-  const int64_t images = batched ? conv_sizes[0] : 1;
-  const int64_t channels = conv_sizes[batched ? 1 : 0];
-  const int64_t positions =
-      c10::multiply_integers(conv_sizes) / std::max<int64_t>(1, images * channels);
-  const auto keep = unpackReluMask(mask, {images, positions, paddedChannels(channels)});
-  return keep.narrow(2, 0, channels).transpose(1, 2).reshape(conv_sizes);
 }
 
 at::Tensor convReluAddComposite(
@@ -114,7 +85,7 @@ std::tuple<at::Tensor, at::Tensor> convReluAddForwardComposite(
   const auto conv = convolve(input, weight, bias, stride, padding, dilation, groups);
   return {
       at::add(at::relu(conv), other, alpha),
-      packConvMask(reluKeep(conv), input.dim() == weight.dim())};
+      packConvMask(reluKeep(conv), input.dim() == weight.dim(), convMaskOrder(input, weight))};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackwardComposite(
@@ -134,7 +105,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackwardComposite(
   const auto summed = grad_output.sum_to_size(conv_sizes).to(input.scalar_type());
   // NB: a select, not a product: a masked NaN or Inf gradient gives 0.
   const auto grad = at::where(
-      unpackConvMask(mask, conv_sizes, batched), summed, at::zeros({}, summed.options()));
+      unpackConvMask(mask, conv_sizes, batched, convMaskOrder(input, weight)), summed,
+      at::zeros({}, summed.options()));
   return convolveBackward(grad, input, weight, stride, padding, dilation, groups, output_mask);
 }
 

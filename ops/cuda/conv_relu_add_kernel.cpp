@@ -41,19 +41,6 @@ bool isChannelsLast(const at::Tensor& t) {
       t.is_contiguous(at::MemoryFormat::ChannelsLast3d);
 }
 
-// The conv output as the kernels see it: images, channels, positions and
-// whether it is nchw (contiguous) rather than channels-last.
-struct ConvShape {
-  int64_t n, c, s;
-  bool nchw;
-};
-
-ConvShape convShape(at::IntArrayRef sizes, bool batched, bool nchw) {
-  const int64_t n = batched ? sizes[0] : 1;
-  const int64_t c = sizes[batched ? 1 : 0];
-  return {n, c, c10::multiply_integers(sizes.slice(batched ? 2 : 1)), nchw};
-}
-
 // Tensors the kernels take: CUDA, a kernel dtype throughout, grid-sized.
 bool kernelInputs(
     const at::Tensor& input,
@@ -106,7 +93,19 @@ std::tuple<at::Tensor, at::Tensor> forwardCuda(
   const bool usable = kernelInputs(input, weight, bias);
   auto out = usable ? convolve(input, weight, std::nullopt, stride, padding, dilation, groups)
                     : at::Tensor();
-  if (!usable || out.numel() == 0 || (!out.is_contiguous() && !isChannelsLast(out))) {
+  const bool batched = input.dim() == weight.dim();
+  const auto order = convMaskOrder(input, weight);
+  // An nchw conv output streams (with a positions-inner mask, if any); a
+  // channels-last one, or an nchw one whose mask must be channels-inner, takes
+  // the channels-inner passes.  The mask must be in the order convMaskOrder
+  // defines, whatever layout the convolution produced: a channels-last output
+  // where that order is positions-inner (rare: an unbatched input with
+  // channels-last strides) runs the composition.
+  const bool streaming = usable && out.is_contiguous() &&
+      (!with_mask || order == ConvMaskOrder::PositionsInner);
+  const bool staged = usable && !streaming && (out.is_contiguous() || isChannelsLast(out)) &&
+      (!with_mask || order == ConvMaskOrder::ChannelsInner);
+  if (!usable || out.numel() == 0 || (!streaming && !staged)) {
     return with_mask ? convReluAddForwardComposite(
                            input, weight, bias, stride, padding, dilation, groups, other, alpha)
                      : std::make_tuple(
@@ -115,23 +114,28 @@ std::tuple<at::Tensor, at::Tensor> forwardCuda(
                            at::Tensor());
   }
   c10::cuda::CUDAGuard guard(input.device());
-  const bool batched = input.dim() == weight.dim();
-  const auto shape = convShape(sizes, batched, out.is_contiguous());
+  const auto e = convExtents(sizes, batched);
   at::Tensor mask;
   if (with_mask) {
-    mask = at::empty(
-        {convMaskBytes(shape.n, shape.c, shape.s).expect_int()}, input.options().dtype(at::kByte));
+    mask = at::empty({convMaskBytes(e, order)}, input.options().dtype(at::kByte));
   }
   const auto dtype = input.scalar_type();
   const auto channel_other = perChannel(other, sizes, batched ? 1 : 0, dtype);
   const at::Tensor b = bias && bias->defined() ? bias->contiguous() : at::Tensor();
+  uint32_t* mask_ptr = with_mask ? reinterpret_cast<uint32_t*>(mask.data_ptr<uint8_t>()) : nullptr;
+  const auto stream = at::cuda::getCurrentCUDAStream();
   DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add", [&] {
-    kernels::convReluAddEpilogue(
-        cudaPtr<scalar_t>(out), b.defined() ? cudaPtr<scalar_t>(b) : nullptr,
-        channel_other.defined() ? cudaPtr<scalar_t>(channel_other) : nullptr,
-        alpha.toFloat(), cudaPtr<scalar_t>(out), shape.nchw,
-        with_mask ? reinterpret_cast<uint32_t*>(mask.data_ptr<uint8_t>()) : nullptr, shape.n,
-        shape.c, shape.s, at::cuda::getCurrentCUDAStream());
+    const auto* bias_ptr = b.defined() ? cudaPtr<scalar_t>(b) : nullptr;
+    const auto* other_ptr = channel_other.defined() ? cudaPtr<scalar_t>(channel_other) : nullptr;
+    if (streaming) {
+      kernels::convReluAddEpiloguePositionsInner(
+          cudaPtr<scalar_t>(out), bias_ptr, other_ptr, alpha.toFloat(), cudaPtr<scalar_t>(out),
+          mask_ptr, e.images, e.channels, e.positions, stream);
+    } else {
+      kernels::convReluAddEpilogueChannelsInner(
+          cudaPtr<scalar_t>(out), bias_ptr, other_ptr, alpha.toFloat(), cudaPtr<scalar_t>(out),
+          /*nchw=*/!isChannelsLast(out), mask_ptr, e.images, e.channels, e.positions, stream);
+    }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (!channel_other.defined()) {
@@ -186,33 +190,57 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackwardCuda(
   auto dy = grad_output.sizes() == at::IntArrayRef(sizes) ? grad_output
                                                            : grad_output.sum_to_size(sizes);
   if (!kernelInputs(input, weight, std::nullopt) || dy.scalar_type() != input.scalar_type() ||
-      !mask.is_contiguous() || dy.numel() == 0) {
+      !mask.is_contiguous() || reinterpret_cast<uintptr_t>(mask.data_ptr()) % 4 != 0 ||
+      dy.numel() == 0) {
     return convReluAddBackwardComposite(
         grad_output, mask, input, weight, stride, padding, dilation, groups, output_mask);
   }
   c10::cuda::CUDAGuard guard(input.device());
   const bool batched = input.dim() == weight.dim();
-  if (!dy.is_contiguous() && !isChannelsLast(dy)) {
-    dy = dy.contiguous();
-  }
+  const auto e = convExtents(sizes, batched);
+  const auto order = convMaskOrder(input, weight);
+  const auto* mask_ptr = reinterpret_cast<const uint32_t*>(mask.data_ptr<uint8_t>());
+  const auto stream = at::cuda::getCurrentCUDAStream();
   // g goes to convolution_backward in the conv output's layout, as eager's
-  // relu backward gives it.
-  const auto format = batched ? convOutputMemoryFormat(input, weight) : at::MemoryFormat::Contiguous;
-  auto g = at::empty(sizes, dy.options().memory_format(format));
-  const auto shape = convShape(sizes, batched, format == at::MemoryFormat::Contiguous);
-  at::Tensor sum_g;
-  if (output_mask[2]) {
-    sum_g = at::empty(
-        {kernels::convReluAddGradParts(shape.n, shape.c, shape.s), shape.c},
-        dy.options().dtype(at::kDouble));
+  // relu backward gives it; that layout is the mask's order.
+  at::Tensor g, sum_g;
+  if (order == ConvMaskOrder::PositionsInner) {
+    // NB: a dy in another layout costs one ATen copy here: the streaming
+    // pass reads dy in the mask's (nchw) order.
+    dy = dy.contiguous();
+    g = at::empty(sizes, dy.options());
+    if (output_mask[2]) {
+      sum_g = at::empty(
+          {kernels::convReluAddGradPartsPositionsInner(e.images, e.channels, e.positions),
+           e.channels},
+          dy.options().dtype(at::kDouble));
+    }
+    DISPATCH_KERNEL_TYPES(dy.scalar_type(), "custom_conv_relu_add_backward", [&] {
+      kernels::convReluAddGradProloguePositionsInner(
+          cudaPtr<scalar_t>(dy), mask_ptr, cudaPtr<scalar_t>(g),
+          sum_g.defined() ? sum_g.data_ptr<double>() : nullptr, nullptr, e.images, e.channels,
+          e.positions, stream);
+    });
+  } else {
+    const auto format = convOutputMemoryFormat(input, weight);  // channels-last
+    if (!dy.is_contiguous() && !isChannelsLast(dy)) {
+      dy = dy.contiguous(format);
+    }
+    g = at::empty(sizes, dy.options().memory_format(format));
+    if (output_mask[2]) {
+      sum_g = at::empty(
+          {kernels::convReluAddGradPartsChannelsInner(e.images, e.channels, e.positions),
+           e.channels},
+          dy.options().dtype(at::kDouble));
+    }
+    DISPATCH_KERNEL_TYPES(dy.scalar_type(), "custom_conv_relu_add_backward", [&] {
+      kernels::convReluAddGradPrologueChannelsInner(
+          cudaPtr<scalar_t>(dy), /*dy_nchw=*/!isChannelsLast(dy), mask_ptr,
+          cudaPtr<scalar_t>(g), /*g_nchw=*/false,
+          sum_g.defined() ? sum_g.data_ptr<double>() : nullptr, nullptr, e.images, e.channels,
+          e.positions, stream);
+    });
   }
-  DISPATCH_KERNEL_TYPES(dy.scalar_type(), "custom_conv_relu_add_backward", [&] {
-    kernels::convReluAddGradPrologue(
-        cudaPtr<scalar_t>(dy), dy.is_contiguous(),
-        reinterpret_cast<const uint32_t*>(mask.data_ptr<uint8_t>()), cudaPtr<scalar_t>(g),
-        shape.nchw, sum_g.defined() ? sum_g.data_ptr<double>() : nullptr, nullptr, shape.n,
-        shape.c, shape.s, at::cuda::getCurrentCUDAStream());
-  });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   at::Tensor grad_input, grad_weight, grad_bias;
   if (output_mask[0] || output_mask[1]) {

@@ -79,7 +79,7 @@ std::tuple<at::Tensor, at::Tensor> convReluAddForwardMeta(
   return {
       at::add(conv, other, alpha),
       at::empty_symint(
-          {convMaskBytes(images, weight.sym_size(0), positions)},
+          {convMaskBytes(images, weight.sym_size(0), positions, convMaskOrder(input, weight))},
           input.options().dtype(at::kByte))};
 }
 

@@ -103,6 +103,46 @@ def test_conv_relu_add_gradcheck(case, bias, other):
         gradcheck(lambda x, w, o: ops.custom_conv_relu_add(x, w, None, *args, o), (x, w, o))
 
 
+def _pack_bits(bits):
+    words = (bits.numel() + 31) // 32
+    flat = torch.zeros(words * 32, dtype=torch.int64)
+    flat[: bits.numel()] = bits.long()
+    w = (flat.view(words, 32) << torch.arange(32)).sum(1)
+    return torch.stack([(w >> (8 * i)) & 0xFF for i in range(4)], 1).reshape(-1).to(torch.uint8)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "input_cl", "weight_cl"])
+def test_conv_relu_add_mask_order(layout):
+    """The forward's mask is in the conv output's memory order
+    (ops/conv_relu_add.h): flat NCHW order for NCHW outputs, words spanning
+    channels and images; channels-last, each position's channels padded to
+    32 bits, for channels-last ones.  The backward reads it in that order
+    whatever format grad_output arrives in."""
+    x = signed(3, 2, 4, 7, dtype=torch.float32)  # conv output [3, 5, 2, 5]: 10 positions
+    w = signed(5, 2, 3, 3, dtype=torch.float32)
+    if layout == "input_cl":
+        x = x.contiguous(memory_format=torch.channels_last)
+    if layout == "weight_cl":
+        w = w.contiguous(memory_format=torch.channels_last)
+    b, o = signed(5, dtype=torch.float32), signed(5, 1, 1, dtype=torch.float32)
+    args = ([1, 1], [0, 0], [1, 1], 1)
+    out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, o, 1.0)
+    keep = F.conv2d(x, w, b) > 0
+    if layout == "nchw":
+        want = _pack_bits(keep.reshape(-1))
+    else:
+        padded = torch.zeros(3, 10, 32, dtype=torch.bool)
+        padded[:, :, :5] = keep.reshape(3, 5, 10).transpose(1, 2)
+        want = _pack_bits(padded.reshape(-1))
+    assert torch.equal(mask, want)
+    for gy in (torch.randn(out.shape), torch.randn(out.shape).contiguous(memory_format=torch.channels_last)):
+        got = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True])
+        xr, wr, br = (t.detach().clone().requires_grad_(True) for t in (x, w, b))
+        conv_relu_add_ref(xr, wr, br, *args, o).backward(gy)
+        for g, r in zip(got, (xr.grad, wr.grad, br.grad)):
+            torch.testing.assert_close(g, r)
+
+
 BN_OTHERS = {"per_channel": (3, 1, 1), "scalar_like": (1,), "full": (2, 3, 4, 2)}
 
 

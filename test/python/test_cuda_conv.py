@@ -1,0 +1,347 @@
+"""custom_conv_relu_add on CUDA at the edges of its mask layouts.
+
+The ReLU mask between the forward and the backward op is in one of two orders
+(ops/conv_relu_add.h): positions-inner (the conv output's logical order, flat,
+for NCHW outputs) or channels-inner (channels-last, each position's channels
+padded to whole words, for channels-last outputs).  These tests check the
+CUDA forward's mask bit for bit against that definition, written out again
+here in Python, and the backward against the CPU composition, on the shapes
+that stress the streaming NCHW passes: positions not a multiple of 32 or of a
+16-byte vector, 1x1 outputs, channels not a multiple of 32, mask words that
+span channels and images, rows split into several chunks, misaligned
+grad_output, many images, and grad_output arriving in another memory format
+than the forward's output.
+
+Exactness: small-integer inputs make every conv product and sum exact (in
+TF32 and float16 too), so outputs, masks and bias gradients must equal the
+definition or the CPU composition bit for bit in every dtype; input and
+weight gradients (cuDNN's convolution backward) are checked to float32, or
+float16/bfloat16, rounding.
+
+Every test is marked `cuda` and skipped where torch sees no CUDA device.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cuda_utils import nbytes_of, poison_allocator, tf32_flags  # noqa: E402
+
+import torchfuse  # noqa: E402,F401  (registers torch.ops.torchfuse)
+
+HAS_CUDA = torch.cuda.is_available()
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(
+        not HAS_CUDA,
+        reason="no CUDA device: torch.cuda.is_available() is False (CPU-only machine or torch build)",
+    ),
+]
+
+ops = torch.ops.torchfuse
+
+SHAPES = {
+    # name: (x shape, weight shape, padding); the comment gives the conv output
+    "s99-c40": ((3, 2, 11, 13), (40, 2, 3, 3), 0),  # [3, 40, 9, 11]: 99 positions
+    "s1x1-c7": ((5, 2, 3, 3), (7, 2, 3, 3), 0),  # [5, 7, 1, 1]: words span images
+    "s5-c3": ((4, 2, 3, 7), (3, 2, 3, 3), 0),  # [4, 3, 1, 5]: 15 elements per image
+    "s64-c16": ((2, 2, 8, 8), (16, 2, 3, 3), 1),  # [2, 16, 8, 8]: whole vectors and words
+    "s16384-chunks": ((1, 2, 130, 130), (2, 2, 3, 3), 0),  # [1, 2, 128, 128]: rows in chunks
+    "s16383-chunks": ((1, 2, 129, 131), (3, 2, 3, 3), 0),  # [1, 3, 127, 129]: odd rows in chunks
+    "1d": ((3, 2, 37), (5, 2, 3), 0),  # [3, 5, 35]
+    "3d": ((2, 2, 5, 6, 7), (6, 2, 3, 3, 3), 0),  # [2, 6, 3, 4, 5]
+    "unbatched": ((2, 9, 10), (5, 2, 3, 3), 0),  # [5, 7, 8]
+}
+LAYOUTS = ["nchw", "channels-last", "weight-cl"]
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+_CONV = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}
+
+
+def _channels_last_format(t):
+    return torch.channels_last_3d if t.dim() == 5 else torch.channels_last
+
+
+def _applies(name, layout):
+    xs, ws, _ = SHAPES[name]
+    batched = len(xs) == len(ws)
+    # no channels-last format for 3-D tensors (1d convs, unbatched 2d inputs)
+    return layout == "nchw" or (batched and len(ws) >= 4)
+
+
+CASES = [(n, l) for n in SHAPES for l in LAYOUTS if _applies(n, l)]
+
+
+def _ints(shape, lo, hi, gen, dtype):
+    return torch.randint(lo, hi + 1, shape, generator=gen, device="cuda").to(dtype)
+
+
+def _inputs(name, layout, dtype, seed):
+    """Small integers: |x| <= 2, |w| <= 1, |b|, |other| <= 3, so every conv
+    output is an integer of magnitude < 256, exact in every dtype."""
+    xs, ws, padding = SHAPES[name]
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(seed)
+    x = _ints(xs, -2, 2, gen, dtype)
+    w = _ints(ws, -1, 1, gen, dtype)
+    if layout == "channels-last":
+        x = x.contiguous(memory_format=_channels_last_format(x))
+    if layout == "weight-cl":
+        w = w.contiguous(memory_format=_channels_last_format(w))
+    b = _ints((ws[0],), -3, 3, gen, dtype)
+    other = _ints((ws[0],) + (1,) * (len(ws) - 2), -3, 3, gen, dtype)
+    spatial = len(ws) - 2
+    args = ([1] * spatial, [padding] * spatial, [1] * spatial, 1)
+    return x, w, b, other, args
+
+
+def _expected_order(x, w, layout):
+    """The rule of ops/conv_relu_add.h: channels-inner exactly when the conv
+    output is channels-last, i.e. a batched conv with a channels-last input
+    or weight (no case here is ambiguous about its format)."""
+    return "channels-inner" if x.dim() == w.dim() and layout != "nchw" else "positions-inner"
+
+
+def _pack(keep, order):
+    """The mask's bytes by the definition in ops/conv_relu_add.h."""
+    if order == "positions-inner":
+        bits = keep.reshape(-1)
+    else:
+        n, c = keep.shape[:2]
+        k = keep.reshape(n, c, -1).transpose(1, 2)  # [N, S, C]
+        padded = torch.zeros(n, k.shape[1], (c + 31) // 32 * 32, dtype=torch.bool, device=keep.device)
+        padded[:, :, :c] = k
+        bits = padded.reshape(-1)
+    words = (bits.numel() + 31) // 32
+    flat = torch.zeros(words * 32, dtype=torch.int64, device=keep.device)
+    flat[: bits.numel()] = bits.long()
+    w = (flat.view(words, 32) << torch.arange(32, device=keep.device)).sum(1)
+    return torch.stack([(w >> (8 * i)) & 0xFF for i in range(4)], 1).reshape(-1).to(torch.uint8)
+
+
+def _pre_activation(x, w, b, args):
+    # float32 on CUDA with TF32 off: exact for these integers
+    with tf32_flags(False, False):
+        return _CONV[w.dim()](x.float(), w.float(), b.float(), *args)
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("name,layout", CASES)
+def test_forward_mask_follows_the_documented_order(name, layout, dtype):
+    x, w, b, other, args = _inputs(name, layout, DTYPES[dtype], seed=1)
+    t = _pre_activation(x, w, b, args)
+    keep = ~(t <= 0)
+    assert keep.any() and (~keep).any()
+    want = _pack(keep, _expected_order(x, w, layout))
+    poison_allocator([t.numel() * x.element_size(), want.numel()])
+    out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 1.0)
+    assert mask.dtype == torch.uint8 and mask.shape == want.shape, (mask.shape, want.shape)
+    assert torch.equal(mask, want), "mask bits differ from the documented order"
+    ref = (torch.where(keep, t, torch.zeros((), device="cuda")) + other.float()).to(x.dtype)
+    assert torch.equal(out, ref)
+    assert out.stride() == _CONV[w.dim()](x, w, b, *args).stride()
+    # the composite (no mask) path writes the same output
+    assert torch.equal(ops.custom_conv_relu_add(x, w, b, *args, other, 1.0), ref)
+
+
+def _grad_like(shape, how, like, gen):
+    """grad_output of `shape` in memory format `how`."""
+    g = torch.randint(-3, 4, shape, generator=gen, device="cuda").to(like.dtype)
+    if how == "nchw":
+        return g.contiguous()
+    if how == "channels-last":
+        return g.contiguous(memory_format=_channels_last_format(g)) if g.dim() in (4, 5) else g
+    if how == "misaligned":  # contiguous, 1 element past a 16-byte boundary
+        buf = torch.empty(g.numel() + 1, dtype=g.dtype, device="cuda")
+        buf[1:].copy_(g.reshape(-1))
+        return buf[1:].view(shape)
+    if how == "expanded":  # as from out.sum().backward()
+        return g.reshape(-1)[:1].reshape((1,) * g.dim()).expand(shape)
+    raise ValueError(how)
+
+
+GRAD_FORMATS = ["nchw", "channels-last", "misaligned", "expanded"]
+
+
+def _assert_grads_match(got, want, names=("input", "weight", "bias")):
+    """The bias gradient (our float64 sum of exact values) equals the CPU's
+    exactly; input and weight gradients come from cuDNN's convolution
+    backward, whose algorithm (FFT and Winograd ones included) may round
+    where the CPU's does not, so they get a float32-rounding tolerance, far
+    below what a misread mask bit or a layout mix-up gives."""
+    for what, g, r in zip(names, got, want):
+        g = g.cpu()
+        assert g.shape == r.shape, f"grad of {what}: shape {tuple(g.shape)} vs {tuple(r.shape)}"
+        if what in ("bias", "other"):
+            assert torch.equal(g, r), f"grad of {what} differs"
+        else:
+            err = (g - r).abs().max().item()
+            assert err <= 1e-5 * max(1.0, r.abs().max().item()), f"grad of {what}: max error {err:.3e}"
+
+
+@pytest.mark.parametrize("grad_format", GRAD_FORMATS)
+@pytest.mark.parametrize("name,layout", CASES)
+def test_backward_float32_matches_cpu(name, layout, grad_format):
+    """Whatever memory format grad_output arrives in, the backward reads the
+    mask in the order of the forward's conv output."""
+    x, w, b, other, args = _inputs(name, layout, torch.float32, seed=2)
+    out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 1.0)
+    out_cpu, mask_cpu = ops.custom_conv_relu_add_forward(x.cpu(), w.cpu(), b.cpu(), *args, other.cpu(), 1.0)
+    assert torch.equal(out.cpu(), out_cpu)
+    assert torch.equal(mask.cpu(), mask_cpu), "masks differ between CUDA and CPU"
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(3)
+    gy = _grad_like(out.shape, grad_format, out, gen)
+    want = ops.custom_conv_relu_add_backward(gy.cpu(), mask_cpu, x.cpu(), w.cpu(), *args, [True, True, True])
+    poison_allocator(nbytes_of(x, w, b, out))
+    got = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True])
+    _assert_grads_match(got, want)
+    # a mask made on the CPU serves the CUDA backward: the order is the same
+    _assert_grads_match(
+        ops.custom_conv_relu_add_backward(gy, mask_cpu.cuda(), x, w, *args, [True, True, True]), want)
+
+
+@pytest.mark.parametrize("grad_format", ["nchw", "channels-last", "misaligned"])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("name,layout", CASES)
+def test_backward_16bit(name, layout, dtype, grad_format):
+    """16-bit: the bias gradient (a float64 sum of exact values) is exact;
+    input and weight gradients agree with float32 convolution_backward of the
+    masked gradient to the dtype's rounding."""
+    x, w, b, other, args = _inputs(name, layout, DTYPES[dtype], seed=4)
+    out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 1.0)
+    keep = ~(_pre_activation(x, w, b, args) <= 0)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(5)
+    gy = _grad_like(out.shape, grad_format, out, gen)
+    poison_allocator(nbytes_of(x, w, b, out))
+    gx, gw, gb = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True])
+    g = torch.where(keep, gy.float(), torch.zeros((), device="cuda"))
+    batched = x.dim() == w.dim()
+    spatial = w.dim() - 2
+    stride, padding, dilation, groups = args
+    with tf32_flags(False, False):
+        rx, rw, _ = torch.ops.aten.convolution_backward(
+            g if batched else g.unsqueeze(0), (x if batched else x.unsqueeze(0)).float(), w.float(),
+            None, stride, padding, dilation, False, [0] * spatial, groups, [True, True, False])
+    if not batched:
+        rx = rx.squeeze(0)
+    assert torch.equal(gb, g.sum(dim=[d for d in range(g.dim()) if d != (1 if batched else 0)]).to(gb.dtype))
+    tol = 1e-2 if dtype == "bf16" else 2e-3
+    for what, got, ref in (("input", gx, rx), ("weight", gw, rw)):
+        err = (got.float() - ref).abs().max().item() / max(ref.abs().max().item(), 1.0)
+        assert err <= tol, f"grad of {what}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("images", [65535, 65536])
+def test_many_images(images):
+    """Up to the grad prologue's grid limit (one image per grid y index) the
+    kernels run; beyond it the composition does."""
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(6)
+    x = _ints((images, 2, 1, 3), -2, 2, gen, torch.float32)
+    w = _ints((3, 2, 1, 2), -1, 1, gen, torch.float32)
+    b = _ints((3,), -3, 3, gen, torch.float32)
+    other = _ints((3, 1, 1), -3, 3, gen, torch.float32)
+    args = ([1, 1], [0, 0], [1, 1], 1)
+    out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 1.0)
+    out_cpu, mask_cpu = ops.custom_conv_relu_add_forward(x.cpu(), w.cpu(), b.cpu(), *args, other.cpu(), 1.0)
+    assert torch.equal(out.cpu(), out_cpu) and torch.equal(mask.cpu(), mask_cpu)
+    gy = _ints(tuple(out.shape), -3, 3, gen, torch.float32)
+    got = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True])
+    want = ops.custom_conv_relu_add_backward(gy.cpu(), mask_cpu, x.cpu(), w.cpu(), *args, [True, True, True])
+    _assert_grads_match(got, want)
+
+
+@pytest.mark.parametrize("name,layout", CASES)
+def test_autograd_float32_matches_cpu(name, layout):
+    """Through the Autograd kernel, with `other` per channel, grad_output
+    contiguous (NCHW) whatever the output's format."""
+    x, w, b, other, args = _inputs(name, layout, torch.float32, seed=7)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(8)
+
+    def run(device):
+        leaves = [t.detach().to(device).requires_grad_(True) for t in (x, w, b, other)]
+        out = ops.custom_conv_relu_add(leaves[0], leaves[1], leaves[2], *args, leaves[3], 0.5)
+        return out, leaves
+
+    out, leaves = run("cuda")
+    out_cpu, leaves_cpu = run("cpu")
+    gy = torch.randint(-3, 4, out.shape, generator=gen, device="cuda").float()
+    out.backward(gy)
+    out_cpu.backward(gy.cpu())
+    assert torch.equal(out.detach().cpu(), out_cpu.detach())
+    _assert_grads_match([a.grad for a in leaves], [r.grad for r in leaves_cpu],
+                        names=("input", "weight", "bias", "other"))
+
+
+SANITIZER_CASE = textwrap.dedent(
+    """
+    import torch, torchfuse
+    ops = torch.ops.torchfuse
+    torch.manual_seed(0)
+    shapes = [((3, 2, 11, 13), (40, 2, 3, 3)), ((5, 2, 3, 3), (7, 2, 3, 3)),
+              ((4, 2, 3, 7), (3, 2, 3, 3)), ((2, 2, 10, 10), (16, 2, 3, 3)),
+              ((1, 2, 66, 130), (3, 2, 3, 3)), ((2, 2, 5, 6, 7), (6, 2, 3, 3, 3))]
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for xs, ws in shapes:
+            for cl in (False, True):
+                x = torch.randn(*xs, device="cuda", dtype=dtype)
+                w = torch.randn(*ws, device="cuda", dtype=dtype)
+                if cl:
+                    x = x.contiguous(memory_format=torch.channels_last_3d if x.dim() == 5 else torch.channels_last)
+                b = torch.randn(ws[0], device="cuda", dtype=dtype)
+                o = torch.randn(ws[0], *([1] * (len(ws) - 2)), device="cuda", dtype=dtype)
+                args = ([1] * (len(ws) - 2), [0] * (len(ws) - 2), [1] * (len(ws) - 2), 1)
+                out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, o, 1.0)
+                ops.custom_conv_relu_add(x, w, b, *args, o, 1.0)
+                gy = torch.randn_like(out)
+                buf = torch.empty(out.numel() + 1, device="cuda", dtype=dtype)
+                buf[1:].copy_(gy.reshape(-1))
+                for g in (gy, gy.contiguous(memory_format=torch.channels_last_3d if gy.dim() == 5
+                                            else torch.channels_last), buf[1:].view(out.shape)):
+                    ops.custom_conv_relu_add_backward(g, mask, x, w, *args, [True, True, True])
+    torch.cuda.synchronize()
+    print("SANITIZER_CASE_DONE")
+    """
+)
+
+
+def _compute_sanitizer():
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if home and os.access(os.path.join(home, "bin", "compute-sanitizer"), os.X_OK):
+            return os.path.join(home, "bin", "compute-sanitizer")
+    return None
+
+
+def test_compute_sanitizer_memcheck_conv(tmp_path):
+    """memcheck over the conv op's passes: both mask orders, vector and
+    scalar paths, float32/float16/bfloat16, misaligned grad_output."""
+    tool = _compute_sanitizer()
+    if tool is None:
+        pytest.skip("compute-sanitizer not found on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin")
+    script = tmp_path / "sanitizer_conv_case.py"
+    script.write_text(SANITIZER_CASE)
+    cmd = [tool, "--tool", "memcheck", "--leak-check", "no", "--error-exitcode", "99", sys.executable, str(script)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True,
+                              timeout=float(os.environ.get("TORCHFUSE_SANITIZER_TIMEOUT", 180)))
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"compute-sanitizer timed out after {e.timeout} s")
+    out = proc.stdout + proc.stderr
+    tail = out[-4000:]
+    assert "SANITIZER_CASE_DONE" in out, f"the case did not finish (rc {proc.returncode}):\n{tail}"
+    assert "ERROR SUMMARY: 0 errors" in out, f"memcheck reported errors (rc {proc.returncode}):\n{tail}"
+    assert proc.returncode == 0, f"rc {proc.returncode}:\n{tail}"
