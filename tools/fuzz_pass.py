@@ -706,7 +706,7 @@ def _run_step(ref, opt, inputs, rng_seed, dtype, grads: bool, params: bool, what
                 values_a.update(_grads(ref, leaves_a, params))
                 values_b.update(_grads(opt, leaves_b, params))
     step = what.split(" ", 1)[1]
-    spread = None
+    beyond = []  # (name, original, optimized, message)
     for name, a in values_a.items():
         if name not in values_b:  # a buffer frozen into a constant
             continue
@@ -715,12 +715,26 @@ def _run_step(ref, opt, inputs, rng_seed, dtype, grads: bool, params: bool, what
             outcome.exact[f"{step}: {name}"] = a.detach().clone()
         msg = _mismatch(a, b, dtype)
         if msg and not _as_accurate(a, b, outcome.exact.get(f"{step}: {name}"), dtype):
-            if spread is None:
-                spread = _spread(before, inputs, dtype, loss, params, rng_seed, values_a)
-            if _within_spread(a, b, spread.get(name)):
-                outcome.within_spread += 1
-            else:
-                outcome.failures.append(f"{what}: {name}: {msg}")
+            beyond.append((name, a, b, msg))
+    if not beyond:
+        return
+    # NB: the spread of a result that is zero but for rounding is quantized:
+    # most perturbed runs leave its largest rounding residue where it was,
+    # and a few move it by a whole residue (seed 5, program 1586: 12% of
+    # runs move a float64 gradient by 1.16e-10, the others by 1.5e-11 at
+    # most), so PERTURBATION_RUNS runs can miss it.  Differences beyond
+    # SPREAD_FACTOR times their spread get more runs, one at a time, until
+    # all are within it or PERTURBATION_RUNS_MAX runs are spent; passing
+    # programs rarely get here at all.
+    spread: Dict[str, float] = {}
+    for runs, spread in enumerate(_spread(before, inputs, dtype, loss, params, rng_seed, values_a), 1):
+        if runs >= PERTURBATION_RUNS and all(_within_spread(a, b, spread.get(name)) for name, a, b, _ in beyond):
+            break
+    for name, a, b, msg in beyond:
+        if _within_spread(a, b, spread.get(name)):
+            outcome.within_spread += 1
+        else:
+            outcome.failures.append(f"{what}: {name}: {msg}")
 
 
 def _values(module, outputs, ins) -> Dict[str, torch.Tensor]:
@@ -759,19 +773,24 @@ def _as_accurate(a, b, exact, dtype) -> bool:
 
 
 # Relative size of the perturbations in _spread, in units of the dtype's
-# machine epsilon, and how many perturbed runs measure the spread.
+# machine epsilon; how many perturbed runs measure the spread first, and at
+# most (only while a difference is beyond SPREAD_FACTOR times the spread).
 PERTURBATION_ULPS = 4
 PERTURBATION_RUNS = 3
+PERTURBATION_RUNS_MAX = 64
+SPREAD_FACTOR = 4
 
 
-def _spread(before, inputs, dtype, loss, params: bool, seed: int, values_a) -> Dict[str, float]:
-    """How far the original's own results move, per compared tensor, when
-    its inputs, parameters and floating-point buffers are scaled by
+def _spread(before, inputs, dtype, loss, params: bool, seed: int, values_a):
+    """Yields, after each of up to PERTURBATION_RUNS_MAX runs, how far the
+    original's own results have moved so far, per compared tensor, with its
+    inputs, parameters and floating-point buffers scaled by
     1 + PERTURBATION_ULPS * eps * N(0, 1): the rounding-level sensitivity of
     the program.  A result that moves this much under rounding-sized changes
     carries no more than rounding noise (e.g. a gradient that is zero but
     for rounding amplified by a BatchNorm of a constant, or by x / x), so a
-    difference within a few times the spread is not a change of meaning."""
+    difference within a few times the spread is not a change of meaning.
+    A run that raises ends it with an empty spread."""
     eps = torch.finfo(dtype).eps * PERTURBATION_ULPS
     spread: Dict[str, float] = collections.defaultdict(float)
     g = torch.Generator().manual_seed(seed + 1000)
@@ -779,7 +798,7 @@ def _spread(before, inputs, dtype, loss, params: bool, seed: int, values_a) -> D
     def jitter(t):
         return t * (1 + eps * torch.randn(t.shape, dtype=t.dtype, generator=g))
 
-    for _ in range(PERTURBATION_RUNS):
+    for _ in range(PERTURBATION_RUNS_MAX):
         module = copy.deepcopy(before)
         with torch.no_grad():
             for t in itertools.chain(module.parameters(), module.buffers()):
@@ -796,7 +815,8 @@ def _spread(before, inputs, dtype, loss, params: bool, seed: int, values_a) -> D
                 sum((outputs[i] * w).sum() for i, w in loss).backward()
                 values.update(_grads(module, leaves, params))
         except Exception:  # noqa: BLE001  (a perturbation cannot vouch for anything)
-            return {}
+            yield {}
+            return
         for name, a in values_a.items():
             p = values.get(name)
             if a is None or p is None or p.shape != a.shape or not a.is_floating_point():
@@ -805,7 +825,7 @@ def _spread(before, inputs, dtype, loss, params: bool, seed: int, values_a) -> D
             d[(p == a) | (torch.isnan(p) & torch.isnan(a))] = 0
             if d.numel():
                 spread[name] = max(spread[name], d.nan_to_num(nan=float("inf")).max().item())
-    return spread
+        yield dict(spread)
 
 
 def _within_spread(a, b, spread: Optional[float]) -> bool:
@@ -813,7 +833,7 @@ def _within_spread(a, b, spread: Optional[float]) -> bool:
         return False
     d = (b.detach().double() - a.detach().double()).abs()
     d[(b == a) | (torch.isnan(b) & torch.isnan(a))] = 0
-    return not d.numel() or d.max().item() <= 4 * spread
+    return not d.numel() or d.max().item() <= SPREAD_FACTOR * spread
 
 
 def check_source(
