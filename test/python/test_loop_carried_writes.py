@@ -2,7 +2,8 @@
 (`v2 = relu(v1); for ...: v1.add_(b); v1 = v2`: the second iteration writes
 v2, AliasDb sees a write to v1's first value only; docs/passes.md,
 "Loop-carried alias guards"): optimize keeps them when the loop sits in a
-free function, and through torch.jit.save / torch.jit.load.
+free function or in a TorchScript class's method, and through
+torch.jit.save / torch.jit.load.
 
 Each case defines its classes and free functions in a fresh Python module:
 TorchScript compiles a free function once per Python function and caches its
@@ -83,6 +84,32 @@ class Program(nn.Module):
         return self.inner(x) + 1.0
 """
 
+# The same loop in a method of a TorchScript class (not a module) that
+# forward instantiates: a class's methods are shared and their optimized
+# graphs cached like free functions' (prim::CallMethod on a non-module class).
+LOOP_IN_CLASS_METHOD = HELPERS + """\
+@torch.jit.script
+class Looper:
+    def __init__(self, scale: float):
+        self.scale = scale
+
+    def loop(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        v1 = make(x, w)
+        v2 = torch.relu(v1)
+        for _ in range(count(2)):
+            v1.add_(b)
+            v1 = v2
+        return v1 * self.scale
+
+class Program(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3, 3, 1, 1))
+        self.register_buffer("b", torch.randn(2, 3, 4, 4))
+    def forward(self, x):
+        return Looper(3.0).loop(x, self.w, self.b)
+"""
+
 # v1 is produced inside the function by a visible conv: torch.jit.script
 # itself drops the write (TorchScript's compiler), and optimize keeps what
 # the scripted function computes.
@@ -118,6 +145,7 @@ def _model(source: str, freeze: bool) -> torch.nn.Module:
         pytest.param(LOOP_ON_ARGUMENT, True, id="argument"),
         pytest.param(LOOP_ON_CALL_RESULT, True, id="call_result"),
         pytest.param(LOOP_IN_SUBMODULE, True, id="submodule"),
+        pytest.param(LOOP_IN_CLASS_METHOD, True, id="class_method"),
         pytest.param(LOOP_ON_VISIBLE_PRODUCER, False, id="visible_producer"),
     ],
 )
