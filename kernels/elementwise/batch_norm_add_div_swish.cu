@@ -600,29 +600,32 @@ __device__ void writeCoef(
   coef[kPLo * c + ch] = static_cast<float>(p - static_cast<float>(p));
 }
 
+// The statistics reduction's output: per (split, channel) shifted Welford
+// (mean, m2) in float32, and the plan's split of each channel's elements.
+struct StatsPartials {
+  const float* part0;
+  const float* part1;
+  int64_t splits, total, per;
+};
+
 // The channel's float64 batch mean and m2 (sum of squared deviations): the
-// splits' shifted Welford partials merged in split order, the shift added
-// back.
+// splits' partials merged in split order, the shift added back.
 template <typename T>
 __device__ void batchStats(
     const T* __restrict__ x,
-    const float* __restrict__ part0,
-    const float* __restrict__ part1,
+    const StatsPartials& sp,
     int64_t c,
     int64_t l,
-    int64_t splits,
-    int64_t total,
-    int64_t per,
     int64_t ch,
     double& mean,
     double& m2) {
   double n = 0;
   mean = 0;
   m2 = 0;
-  for (int64_t s = 0; s < splits; ++s) {
-    const int64_t nb = splitCount(total, per, s);
+  for (int64_t s = 0; s < sp.splits; ++s) {
+    const int64_t nb = splitCount(sp.total, sp.per, s);
     welfordMerge<double>(
-        n, mean, m2, static_cast<double>(nb), part0[s * c + ch], part1[s * c + ch]);
+        n, mean, m2, static_cast<double>(nb), sp.part0[s * c + ch], sp.part1[s * c + ch]);
   }
   mean += toFloat(x[statsShiftIndex(ch, l)]);
 }
@@ -630,13 +633,9 @@ __device__ void batchStats(
 template <typename T>
 __global__ void trainStatsFinalizeKernel(
     const T* __restrict__ x,
-    const float* __restrict__ part0,
-    const float* __restrict__ part1,
+    StatsPartials sp,
     int64_t c,
     int64_t l,
-    int64_t splits,
-    int64_t total,
-    int64_t per,
     int64_t m,
     BnAffine aff,
     BnChannelMut running_mean,
@@ -651,7 +650,7 @@ __global__ void trainStatsFinalizeKernel(
     return;
   }
   double mean, m2;
-  batchStats(x, part0, part1, c, l, splits, total, per, ch, mean, m2);
+  batchStats(x, sp, c, l, ch, mean, m2);
   // NB: as PyTorch: invstd from the biased variance, the running variance
   // from the unbiased one (m2 / (M - 1): NaN for M == 1, as there).
   const double var = m2 / static_cast<double>(m);
@@ -685,20 +684,16 @@ __global__ void trainStatsFinalizeKernel(
 template <typename T>
 __global__ void meanLoKernel(
     const T* __restrict__ x,
-    const float* __restrict__ part0,
-    const float* __restrict__ part1,
+    StatsPartials sp,
     int64_t c,
     int64_t l,
-    int64_t splits,
-    int64_t total,
-    int64_t per,
     float* __restrict__ coef) {
   const int64_t ch = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (ch >= c) {
     return;
   }
   double mean, m2;
-  batchStats(x, part0, part1, c, l, splits, total, per, ch, mean, m2);
+  batchStats(x, sp, c, l, ch, mean, m2);
   const float mu = coef[kMu * c + ch];
   if (static_cast<float>(mean) == mu) {
     coef[kMuLo * c + ch] = static_cast<float>(mean - static_cast<double>(mu));
@@ -1083,7 +1078,7 @@ void batchNormSwishTrainForward(
     launchReduce<T, V, false>(
         p, shape, x, nullptr, nullptr, 0.0, ws.part0, ws.part1, stream);
     trainStatsFinalizeKernel<T><<<channelBlocks(shape.c), kThreads, 0, stream>>>(
-        x, ws.part0, ws.part1, shape.c, shape.l, p.splits, p.total, p.per,
+        x, StatsPartials{ws.part0, ws.part1, p.splits, p.total, p.per}, shape.c, shape.l,
         shape.n * shape.l, affine, running_mean, running_var, momentum, eps,
         save_mean, save_invstd, ws.coef);
     const int64_t nvec = numel(shape) / V;
@@ -1156,8 +1151,8 @@ void batchNormSwishBackward(
         launchReduce<T, V, false>(
             p, shape, x, nullptr, nullptr, 0.0, stats.part0, stats.part1, stream);
         meanLoKernel<T><<<channelBlocks(shape.c), kThreads, 0, stream>>>(
-            x, stats.part0, stats.part1, shape.c, shape.l, p.splits, p.total, p.per,
-            ws.coef);
+            x, StatsPartials{stats.part0, stats.part1, p.splits, p.total, p.per}, shape.c,
+            shape.l, ws.coef);
       }
     }
     if (need_sums) {

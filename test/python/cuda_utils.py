@@ -17,6 +17,9 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
+import subprocess
+import sys
 from typing import Iterable, Optional
 
 import torch
@@ -171,3 +174,38 @@ def is_non_overlapping_and_dense(t: torch.Tensor) -> bool:
             return False
         expected *= size
     return True
+
+
+def compute_sanitizer() -> Optional[str]:
+    """compute-sanitizer on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin."""
+    found = shutil.which("compute-sanitizer")
+    if found:
+        return found
+    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        if home and os.access(os.path.join(home, "bin", "compute-sanitizer"), os.X_OK):
+            return os.path.join(home, "bin", "compute-sanitizer")
+    return None
+
+
+def run_memcheck(case_source: str, script_path) -> None:
+    """Runs case_source (a Python script that prints SANITIZER_CASE_DONE at
+    its end) under compute-sanitizer memcheck and asserts that it finished
+    with 0 errors.  Skips (pytest.skip) where compute-sanitizer is missing."""
+    import pytest
+
+    tool = compute_sanitizer()
+    if tool is None:
+        pytest.skip("compute-sanitizer not found on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin")
+    script_path.write_text(case_source)
+    cmd = [tool, "--tool", "memcheck", "--leak-check", "no", "--error-exitcode", "99",
+           sys.executable, str(script_path)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True,
+                              timeout=float(os.environ.get("TORCHFUSE_SANITIZER_TIMEOUT", 180)))
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"compute-sanitizer timed out after {e.timeout} s")
+    out = proc.stdout + proc.stderr
+    tail = out[-4000:]
+    assert "SANITIZER_CASE_DONE" in out, f"the case did not finish (rc {proc.returncode}):\n{tail}"
+    assert "ERROR SUMMARY: 0 errors" in out, f"memcheck reported errors (rc {proc.returncode}):\n{tail}"
+    assert proc.returncode == 0, f"rc {proc.returncode}:\n{tail}"

@@ -24,8 +24,6 @@ Every test is marked `cuda` and skipped where torch sees no CUDA device.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 import textwrap
 
@@ -34,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cuda_utils import nbytes_of, poison_allocator, tf32_flags  # noqa: E402
+from cuda_utils import nbytes_of, poison_allocator, run_memcheck, tf32_flags  # noqa: E402
 
 import torchfuse  # noqa: E402,F401  (registers torch.ops.torchfuse)
 
@@ -316,32 +314,7 @@ SANITIZER_CASE = textwrap.dedent(
 )
 
 
-def _compute_sanitizer():
-    found = shutil.which("compute-sanitizer")
-    if found:
-        return found
-    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-        if home and os.access(os.path.join(home, "bin", "compute-sanitizer"), os.X_OK):
-            return os.path.join(home, "bin", "compute-sanitizer")
-    return None
-
-
 def test_compute_sanitizer_memcheck_conv(tmp_path):
     """memcheck over the conv op's passes: both mask orders, vector and
     scalar paths, float32/float16/bfloat16, misaligned grad_output."""
-    tool = _compute_sanitizer()
-    if tool is None:
-        pytest.skip("compute-sanitizer not found on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin")
-    script = tmp_path / "sanitizer_conv_case.py"
-    script.write_text(SANITIZER_CASE)
-    cmd = [tool, "--tool", "memcheck", "--leak-check", "no", "--error-exitcode", "99", sys.executable, str(script)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True,
-                              timeout=float(os.environ.get("TORCHFUSE_SANITIZER_TIMEOUT", 180)))
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"compute-sanitizer timed out after {e.timeout} s")
-    out = proc.stdout + proc.stderr
-    tail = out[-4000:]
-    assert "SANITIZER_CASE_DONE" in out, f"the case did not finish (rc {proc.returncode}):\n{tail}"
-    assert "ERROR SUMMARY: 0 errors" in out, f"memcheck reported errors (rc {proc.returncode}):\n{tail}"
-    assert proc.returncode == 0, f"rc {proc.returncode}:\n{tail}"
+    run_memcheck(SANITIZER_CASE, tmp_path / "sanitizer_conv_case.py")

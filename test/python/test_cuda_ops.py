@@ -15,8 +15,6 @@ message.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 import textwrap
 import zlib
@@ -32,6 +30,7 @@ from cuda_utils import (  # noqa: E402
     is_non_overlapping_and_dense,
     nbytes_of,
     poison_allocator,
+    run_memcheck,
     run_seed,
     signed_randn,
     tf32_flags,
@@ -615,32 +614,8 @@ SANITIZER_CASE = textwrap.dedent(
 )
 
 
-def _compute_sanitizer():
-    found = shutil.which("compute-sanitizer")
-    if found:
-        return found
-    for home in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
-        if home and os.access(os.path.join(home, "bin", "compute-sanitizer"), os.X_OK):
-            return os.path.join(home, "bin", "compute-sanitizer")
-    return None
-
-
 def test_compute_sanitizer_memcheck(tmp_path):
     """memcheck over small cases of every op on CUDA: the custom_relu
     forward, forward-with-mask and backward kernels on all their paths, and
     each other op forward and backward, whatever runs it."""
-    tool = _compute_sanitizer()
-    if tool is None:
-        pytest.skip("compute-sanitizer not found on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin")
-    script = tmp_path / "sanitizer_case.py"
-    script.write_text(SANITIZER_CASE)
-    cmd = [tool, "--tool", "memcheck", "--leak-check", "no", "--error-exitcode", "99", sys.executable, str(script)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=float(os.environ.get("TORCHFUSE_SANITIZER_TIMEOUT", 180)))
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"compute-sanitizer timed out after {e.timeout} s")
-    out = proc.stdout + proc.stderr
-    tail = out[-4000:]
-    assert "SANITIZER_CASE_DONE" in out, f"the case did not finish (rc {proc.returncode}):\n{tail}"
-    assert "ERROR SUMMARY: 0 errors" in out, f"memcheck reported errors (rc {proc.returncode}):\n{tail}"
-    assert proc.returncode == 0, f"rc {proc.returncode}:\n{tail}"
+    run_memcheck(SANITIZER_CASE, tmp_path / "sanitizer_case.py")
