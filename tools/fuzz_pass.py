@@ -17,9 +17,16 @@ scripted and optimized twice:
 Each step runs the original and the optimized module on equal copies of the
 same signed random inputs, in float64 and in float32, and compares outputs,
 the inputs afterwards (in-place writes), gradients of inputs and parameters,
-and buffers (BatchNorm running statistics).  A failing program is shrunk
-(statements dropped or simplified while the failure persists) and, with
---emit-regressions, written out as a pytest file.  The last line is
+and buffers (BatchNorm running statistics).  Where a mode passes, its
+optimized module is saved with torch.jit.save to a buffer and loaded with
+torch.jit.load (which compiles the saved code again, as for a user of the
+optimize-model CLI), and the mode's steps run again on the loaded module
+against a copy of the original from the same start; failures say "after
+save/load" (see _check_mode for what torch's own round trip excuses).
+--round-trip-every K limits that to programs whose index is a multiple
+of K.  A failing program is shrunk (statements dropped or simplified
+while the failure persists) and, with --emit-regressions, written out as
+a pytest file.  The last line is
 `N passed, M failed`; the exit status is 1 when M > 0.
 
 Program k of seed S depends only on (S, k): `--seed S --start k --programs 1`
@@ -31,6 +38,7 @@ import collections
 import copy
 import dataclasses
 import importlib.util
+import io
 import itertools
 import linecache
 import math
@@ -629,6 +637,15 @@ class Outcome:
     # The original's float64 results by step and tensor: the float32 runs
     # use the same values rounded, so these are their exact answers.
     exact: Dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    # Modes whose optimized module, after save/load, differed from the
+    # original but agreed with torch's own module after save/load (see
+    # _check_mode): torch's doing, not optimize's; and modes where it
+    # differed otherwise but torch's own module after save/load differed
+    # from the original too (no reference: not judged).
+    round_trip_alike: int = 0
+    round_trip_torch_differs: int = 0
+    # Modes not round-tripped because torch cannot save/load the original.
+    round_trip_skipped: int = 0
 
 
 def _flat(out) -> List[torch.Tensor]:
@@ -843,9 +860,12 @@ def check_source(
     dtypes: Sequence[str] = tuple(DTYPES),
     modes: Sequence[str] = tuple(MODES),
     stop_early: bool = False,
+    round_trip: bool = True,
 ) -> Outcome:
     """Runs `source` (a class Program) and its optimized forms as described
-    in the module docstring.  Raises Invalid if the original cannot run."""
+    in the module docstring; with `round_trip`, also the optimized forms
+    after torch.jit.save / torch.jit.load.  Raises Invalid if the original
+    cannot run."""
     cls = load_class(source)
     outcome = Outcome()
     # NB: the plain interpreter runs exactly the graphs being compared; the
@@ -858,7 +878,7 @@ def check_source(
     torch.set_num_threads(1)
     try:
         with torch.jit.optimized_execution(False):
-            _check(cls, input_shapes, seed, dtypes, modes, stop_early, outcome)
+            _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, outcome)
     finally:
         torch.set_num_threads(threads)
     return outcome
@@ -882,7 +902,127 @@ def _script_and_optimize(model, freeze: bool, what: str, outcome: Outcome):
     return ref, opt
 
 
-def _check(cls, input_shapes, seed, dtypes, modes, stop_early, outcome) -> None:
+AFTER_SAVE_LOAD = "after save/load"
+
+
+def _save(module) -> bytes:
+    buf = io.BytesIO()
+    torch.jit.save(module, buf)
+    return buf.getvalue()
+
+
+def _load(data: bytes):
+    """A module of its own (parameters and buffers are fresh tensors),
+    compiled again from the saved code, as a user's torch.jit.load does."""
+    return torch.jit.load(io.BytesIO(data))
+
+
+def _copy(module):
+    """A copy of a scripted module with its state, parameters leaves again
+    (deepcopy's clones are not)."""
+    module = copy.deepcopy(module)
+    for t in module.parameters():
+        t.detach_().requires_grad_(True)
+    return module
+
+
+def _run_steps(ref, opt, steps, inputs, seed, dtype, params: bool, what: str, stop_early: bool,
+               outcome: Outcome) -> None:
+    """One mode's steps, `ref` and `opt` in step: (mode, i) runs step i
+    (check seed seed + i), in eval mode from the first "eval" step on.
+    `what` names a step once formatted with its mode and i."""
+    for mode, i in steps:
+        if mode == "eval":
+            ref.eval()
+            opt.eval()
+        _run_step(ref, opt, inputs, seed + i, dtype, True, params, what.format(mode=mode, i=i), outcome)
+        if stop_early and outcome.failures:
+            return
+
+
+def _check_mode(ref, opt, steps, inputs, seed, dtype, params: bool, label: str, what: str,
+                stop_early: bool, round_trip: bool, outcome: Outcome) -> None:
+    """One mode's steps on `opt` against `ref`; then, with `round_trip` and
+    where those passed, the same steps on `opt` after torch.jit.save /
+    torch.jit.load against a copy of `ref` from the same state.  Where the
+    loaded module fails, its steps run once more against torch's own module
+    after save/load (the original; for frozen, the original frozen by
+    freeze_module as optimize does): when those agree, torch's saving and
+    recompilation changed its own module alike, which is counted
+    (Outcome.round_trip_alike) instead of a failure; when they do not, but
+    torch's own module after save/load differs from the original as well,
+    the mode has no reference and is not judged (counted in
+    Outcome.round_trip_torch_differs)."""
+    saved = start = loaded = None
+    if round_trip:
+        # NB: both saved and copied before any step, so the loaded module
+        # and the reference it is compared with start from the state the
+        # in-memory pair starts from.  The loaded module's parameters and
+        # buffers are its own tensors.
+        start = _copy(ref)
+        try:
+            saved = _save(opt)
+            loaded = _load(saved)
+        except Exception as e:  # noqa: BLE001
+            try:
+                _load(_save(start))
+            except Exception:  # noqa: BLE001  (torch cannot round-trip the original either)
+                outcome.round_trip_skipped += 1
+                round_trip = False
+            else:
+                outcome.failures.append(f"{label} {AFTER_SAVE_LOAD}: save or load raised: {str(e).splitlines()[0]}")
+                return
+    # NB: the loaded module's fused node count is not compared: its
+    # compilation may drop a fused node whose result is dead (seed 11,
+    # program 1920: a custom_relu for a relu_ of a value then overwritten).
+    failed = len(outcome.failures)
+    _run_steps(ref, opt, steps, inputs, seed, dtype, params, what, stop_early, outcome)
+    if not round_trip or len(outcome.failures) > failed:
+        return  # NB: the loaded module would mostly repeat an in-memory failure
+    after = Outcome(exact=outcome.exact)
+    _run_steps(_copy(start), loaded, steps, inputs, seed, dtype, params,
+               f"{what} {AFTER_SAVE_LOAD}", stop_early, after)
+    if after.failures:
+        alike = Outcome(exact=outcome.exact)
+        try:
+            # NB: optimize(freeze=True) freezes with freeze_module; so does
+            # torch's own reference here (on a copy: it clones in place),
+            # with the executor's optimization on, without which it leaves
+            # calls to the methods it removes (bug 2 in docs/reliability.md).
+            own = _copy(start)
+            if not params:
+                with torch.jit.optimized_execution(True):
+                    own = torch.jit._recursive.wrap_cpp_module(torch._C._freeze_module(own._c))
+            own_saved = _save(own)
+            _run_steps(_load(own_saved), _load(saved), steps, inputs, seed, dtype, params,
+                       f"{what} {AFTER_SAVE_LOAD} against the loaded original", True, alike)
+        except Exception as e:  # noqa: BLE001  (torch's own module raised: no excuse)
+            own_saved = None
+            alike.failures.append(f"the loaded original raised: {e}")
+        if not alike.failures:
+            after = alike
+            outcome.round_trip_alike += 1
+        elif own_saved is not None:
+            # NB: where torch's own module changes meaning in the round trip
+            # (seed 0, program 147: frozen BatchNorm statistics that the
+            # saved code merges into one constant), the loaded optimized
+            # module has no reference to be held to.
+            torch_own = Outcome(exact={})
+            try:
+                _run_steps(_copy(start), _load(own_saved), steps, inputs, seed, dtype,
+                           params, f"{what} torch's own {AFTER_SAVE_LOAD}", True, torch_own)
+            except Invalid:
+                torch_own.failures.append("raised")
+            if torch_own.failures:
+                after = Outcome()
+                outcome.round_trip_torch_differs += 1
+    # NB: backward_skipped counts the in-memory steps only: the same steps
+    # again would only double it.
+    outcome.failures += after.failures
+    outcome.within_spread += after.within_spread
+
+
+def _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, outcome) -> None:
     for dname in dtypes:
         dtype = DTYPES[dname]
         torch.manual_seed(seed)
@@ -894,19 +1034,18 @@ def _check(cls, input_shapes, seed, dtypes, modes, stop_early, outcome) -> None:
             ref, opt = _script_and_optimize(model, False, f"{dname} train", outcome)
             if opt is None:
                 return
-            steps = (["train"] * 2 if "train" in modes else []) + (["eval"] if "eval" in modes else [])
-            for i, mode in enumerate(steps):
-                if mode == "eval":
-                    ref.eval()
-                    opt.eval()
-                _run_step(ref, opt, inputs, seed + i, dtype, True, True, f"{dname} {mode} step {i}", outcome)
-                if stop_early and outcome.failures:
-                    return
+            names = (["train"] * 2 if "train" in modes else []) + (["eval"] if "eval" in modes else [])
+            steps = [(mode, i) for i, mode in enumerate(names)]
+            _check_mode(ref, opt, steps, inputs, seed, dtype, True, f"{dname} train",
+                        f"{dname} {{mode}} step {{i}}", stop_early, round_trip, outcome)
+            if stop_early and outcome.failures:
+                return
         if "frozen" in modes:
             ref, opt = _script_and_optimize(frozen_base, True, f"{dname} frozen", outcome)
             if opt is None:
                 return
-            _run_step(ref, opt, inputs, seed + 7, dtype, True, False, f"{dname} frozen", outcome)
+            _check_mode(ref, opt, [("frozen", 7)], inputs, seed, dtype, False, f"{dname} frozen",
+                        f"{dname} frozen", stop_early, round_trip, outcome)
             if stop_early and outcome.failures:
                 return
 
@@ -954,9 +1093,12 @@ def _size(prog: Program) -> int:
     return len(prog.source())
 
 
-def shrink(prog: Program, seed: int, dtypes, modes, budget_s: float = 120.0) -> Program:
+def shrink(prog: Program, seed: int, dtypes, modes, budget_s: float = 120.0,
+           require: str = "") -> Program:
     """Greedily simplifies `prog` while check_program still fails in the
-    given dtypes and modes."""
+    given dtypes and modes, with a failure message containing `require`
+    (e.g. AFTER_SAVE_LOAD, so that a failure after save/load does not
+    shrink into an in-memory one)."""
     deadline = time.monotonic() + budget_s
     improved = True
     while improved and time.monotonic() < deadline:
@@ -972,7 +1114,7 @@ def shrink(prog: Program, seed: int, dtypes, modes, budget_s: float = 120.0) -> 
                 continue
             except Exception:  # noqa: BLE001  (e.g. a shape error in the candidate)
                 continue
-            if out.failures:
+            if any(require in f for f in out.failures):
                 prog, improved = cand, True
                 break
     return prog
@@ -1039,20 +1181,28 @@ class Summary:
     fused_in: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     backward_skipped: int = 0
     within_spread: int = 0
+    round_trips: int = 0
+    round_trip_alike: int = 0
+    round_trip_torch_differs: int = 0
+    round_trip_skipped: int = 0
     failures: List[Tuple[int, Program, List[str]]] = dataclasses.field(default_factory=list)
 
 
 def run(programs: int, seed: int, start: int = 0, shrink_failures: bool = True,
-        emit_dir: Optional[str] = None, verbose: bool = False, log=print) -> Summary:
+        emit_dir: Optional[str] = None, verbose: bool = False, log=print,
+        round_trip_every: int = 1) -> Summary:
+    """Checks programs start..start+programs-1 of `seed`; those whose index
+    is a multiple of `round_trip_every` (none if 0) also after save/load."""
     summary = Summary()
     for index in range(start, start + programs):
+        round_trip = round_trip_every > 0 and index % round_trip_every == 0
         # NB: an invalid draw (the original itself fails) is redrawn, so
         # `programs` counts checked programs; the redraw is still a function
         # of (seed, index).
         for attempt in range(20):
             prog = generate(seed, index * 100 + attempt)
             try:
-                outcome = check_program(prog, seed=index)
+                outcome = check_program(prog, seed=index, round_trip=round_trip)
                 break
             except Invalid:
                 summary.invalid += 1
@@ -1063,6 +1213,10 @@ def run(programs: int, seed: int, start: int = 0, shrink_failures: bool = True,
         summary.fused_programs += bool(outcome.fused)
         summary.backward_skipped += outcome.backward_skipped
         summary.within_spread += outcome.within_spread
+        summary.round_trips += round_trip
+        summary.round_trip_alike += outcome.round_trip_alike
+        summary.round_trip_torch_differs += outcome.round_trip_torch_differs
+        summary.round_trip_skipped += outcome.round_trip_skipped
         if not outcome.failures:
             summary.passed += 1
             if verbose:
@@ -1077,7 +1231,8 @@ def run(programs: int, seed: int, start: int = 0, shrink_failures: bool = True,
             # NB: float32 is judged against the float64 results.
             dtypes = ["float64", "float32"] if "float32" in first else ["float64"]
             modes = [m for m in MODES if f" {m}" in first] or list(MODES)
-            prog = shrink(prog, index, dtypes, modes)
+            require = AFTER_SAVE_LOAD if AFTER_SAVE_LOAD in first else ""
+            prog = shrink(prog, index, dtypes, modes, require=require)
         log(textwrap.indent(prog.source(), "    "))
         log(f"    inputs: {[list(s) for _, s in prog.live_inputs()]}, check seed {index}")
         summary.failures.append((index, prog, outcome.failures))
@@ -1093,6 +1248,9 @@ def main(argv=None) -> int:
     ap.add_argument("--start", type=int, default=0, help="index of the first program")
     ap.add_argument("--emit-regressions", metavar="DIR", help="write a pytest file per failure to DIR")
     ap.add_argument("--no-shrink", action="store_true", help="report failures unshrunk")
+    ap.add_argument("--round-trip-every", type=int, default=1, metavar="K",
+                    help="also check the optimized modules after torch.jit.save/load in programs "
+                         "whose index is a multiple of K (default 1: all; 0: none)")
     ap.add_argument("--show", action="store_true", help="print the programs' source and exit")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
@@ -1101,11 +1259,16 @@ def main(argv=None) -> int:
             print(f"# program {index}\n" + generate(args.seed, index * 100).source())
         return 0
     t0 = time.monotonic()
-    s = run(args.programs, args.seed, args.start, not args.no_shrink, args.emit_regressions, args.verbose)
+    s = run(args.programs, args.seed, args.start, not args.no_shrink, args.emit_regressions, args.verbose,
+            round_trip_every=args.round_trip_every)
     elapsed = time.monotonic() - t0
     print(f"seed {args.seed}, programs {args.start}..{args.start + args.programs - 1}: {elapsed:.0f} s; "
           f"{s.invalid} invalid draws redrawn; backward skipped (original raised) in {s.backward_skipped} steps; "
           f"{s.within_spread} differences within the original's rounding spread")
+    print(f"after save/load: {s.round_trips} programs checked; {s.round_trip_alike} modes differed from the "
+          f"original as torch's own module did after save/load, {s.round_trip_torch_differs} otherwise where torch's "
+          f"own module differed too (not judged); {s.round_trip_skipped} modes not round-tripped "
+          f"(torch cannot save/load the original)")
     print(f"programs with fused nodes: {s.fused_programs} of {s.passed + s.failed}")
     for op in OPS:
         print(f"  {op:26s} {s.fused_nodes[op]:6d} nodes in {s.fused_in[op]:5d} programs")
