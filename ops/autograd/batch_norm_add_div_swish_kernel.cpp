@@ -1,5 +1,4 @@
 #include <torch/autograd.h>
-#include <torch/csrc/autograd/variable.h>
 #include <torch/library.h>
 
 #include "ops/batch_norm_add_div_swish.h"
@@ -126,14 +125,6 @@ class BatchNormAddDivSwishEvalFunction
   }
 };
 
-void bumpVersion(const at::Tensor& t) {
-  // NB: this kernel runs below ADInplaceOrView, which bumps the version of
-  // tensors that aten's in-place ops write; do the same for the stats.
-  if (!t.is_inference()) {
-    torch::autograd::impl::bump_version(t);
-  }
-}
-
 at::Tensor batchNormAddDivSwishAutograd(
     const at::Tensor& input,
     const std::optional<at::Tensor>& weight,
@@ -158,10 +149,10 @@ at::Tensor batchNormAddDivSwishAutograd(
         input, weight, bias, running_mean, running_var,
         training, momentum, eps, other, divisor);
   }
-  if (training) {
-    bumpVersion(running_mean);
-    bumpVersion(running_var);
-  }
+  // NB: the running statistics' version counters stay as they are, as
+  // aten::batch_norm leaves them: where an eval-mode batch_norm saved the
+  // same buffers for its backward, bumping them made that backward raise
+  // ("modified by an inplace operation") where the original ran.
   return out;
 }
 
