@@ -22,10 +22,22 @@ import subprocess
 import sys
 from typing import Iterable, Optional
 
+import pytest
 import torch
 
 #: how many copies of each size poison_allocator leaves in the cache
 POISON_COPIES = 4
+
+
+# pytestmark of the GPU test modules: marked `cuda`, skipped with the reason
+# where torch sees no CUDA device.
+CUDA_ONLY = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(
+        not torch.cuda.is_available(),
+        reason="no CUDA device: torch.cuda.is_available() is False (CPU-only machine or torch build)",
+    ),
+]
 
 
 def run_seed() -> int:
@@ -191,8 +203,6 @@ def run_memcheck(case_source: str, script_path) -> None:
     """Runs case_source (a Python script that prints SANITIZER_CASE_DONE at
     its end) under compute-sanitizer memcheck and asserts that it finished
     with 0 errors.  Skips (pytest.skip) where compute-sanitizer is missing."""
-    import pytest
-
     tool = compute_sanitizer()
     if tool is None:
         pytest.skip("compute-sanitizer not found on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin")

@@ -36,6 +36,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cuda_utils import (  # noqa: E402
+    CUDA_ONLY,
     assert_close_to_reference,
     inject_nonfinite,
     nonfinite_pattern,
@@ -46,14 +47,7 @@ from cuda_utils import (  # noqa: E402
 
 import torchfuse  # noqa: E402,F401  (registers torch.ops.torchfuse)
 
-HAS_CUDA = torch.cuda.is_available()
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(
-        not HAS_CUDA,
-        reason="no CUDA device: torch.cuda.is_available() is False (CPU-only machine or torch build)",
-    ),
-]
+pytestmark = CUDA_ONLY
 
 ops = torch.ops.torchfuse
 SEED = run_seed()

@@ -32,18 +32,11 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cuda_utils import nbytes_of, poison_allocator, run_memcheck, tf32_flags  # noqa: E402
+from cuda_utils import CUDA_ONLY, nbytes_of, poison_allocator, run_memcheck, tf32_flags  # noqa: E402
 
 import torchfuse  # noqa: E402,F401  (registers torch.ops.torchfuse)
 
-HAS_CUDA = torch.cuda.is_available()
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(
-        not HAS_CUDA,
-        reason="no CUDA device: torch.cuda.is_available() is False (CPU-only machine or torch build)",
-    ),
-]
+pytestmark = CUDA_ONLY
 
 ops = torch.ops.torchfuse
 

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cuda_utils import (  # noqa: E402
+    CUDA_ONLY,
     assert_close_to_reference,
     inject_nonfinite,
     poison_allocator,
@@ -37,14 +38,7 @@ from cuda_utils import (  # noqa: E402
 
 import torchfuse  # noqa: E402,F401  (registers torch.ops.torchfuse)
 
-HAS_CUDA = torch.cuda.is_available()
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(
-        not HAS_CUDA,
-        reason="no CUDA device: torch.cuda.is_available() is False (CPU-only machine or torch build)",
-    ),
-]
+pytestmark = CUDA_ONLY
 
 ops = torch.ops.torchfuse
 SEED = run_seed()
