@@ -97,12 +97,6 @@ ConvMaskOrder convMaskOrder(const at::Tensor& input, const at::Tensor& weight) {
       : ConvMaskOrder::PositionsInner;
 }
 
-int64_t convMaskBytes(const ConvExtents& e, ConvMaskOrder order) {
-  return order == ConvMaskOrder::PositionsInner
-      ? reluMaskBytes(e.images * e.channels * e.positions)
-      : e.images * e.positions * ((e.channels + 31) / 32) * 4;
-}
-
 c10::SymInt convMaskBytes(
     const c10::SymInt& images,
     const c10::SymInt& channels,
@@ -111,6 +105,10 @@ c10::SymInt convMaskBytes(
   return order == ConvMaskOrder::PositionsInner
       ? reluMaskBytes(images * channels * positions)
       : images * positions * ((channels + 31) / 32) * 4;
+}
+
+int64_t convMaskBytes(const ConvExtents& e, ConvMaskOrder order) {
+  return convMaskBytes(e.images, e.channels, e.positions, order).expect_int();
 }
 
 namespace {
