@@ -112,6 +112,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolveBackward(
     std::array<bool, 3> output_mask);
 
 // Reference kernels: ATen compositions that run on any device.
+
+// The composites' pointwise part, on `conv`, the convolution of input and
+// weight (bias included) already computed: relu(conv) + alpha * other and,
+// with_mask, the ReLU mask in the order convMaskOrder(input, weight) defines
+// (else an undefined tensor).  input and weight serve only that order.
+// NB: one definition, which the composites and the CUDA kernel's fallback
+// both call, so a fallback need not compute the convolution again.
+std::tuple<at::Tensor, at::Tensor> convReluAddEpilogueComposite(
+    const at::Tensor& conv,
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const at::Tensor& other,
+    const at::Scalar& alpha,
+    bool with_mask);
+
 at::Tensor convReluAddComposite(
     const at::Tensor& input,
     const at::Tensor& weight,

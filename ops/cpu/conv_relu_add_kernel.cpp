@@ -56,6 +56,20 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolveBackward(
   return {grad_input, grad_weight, grad_bias};
 }
 
+std::tuple<at::Tensor, at::Tensor> convReluAddEpilogueComposite(
+    const at::Tensor& conv,
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const at::Tensor& other,
+    const at::Scalar& alpha,
+    bool with_mask) {
+  return {
+      at::add(at::relu(conv), other, alpha),
+      with_mask ? packConvMask(
+                      reluKeep(conv), input.dim() == weight.dim(), convMaskOrder(input, weight))
+                : at::Tensor()};
+}
+
 at::Tensor convReluAddComposite(
     const at::Tensor& input,
     const at::Tensor& weight,
@@ -68,7 +82,8 @@ at::Tensor convReluAddComposite(
     const at::Scalar& alpha) {
   checkConvReluAddInputs(input, weight, bias, stride, padding, dilation, groups, other);
   const auto conv = convolve(input, weight, bias, stride, padding, dilation, groups);
-  return at::add(at::relu(conv), other, alpha);
+  return std::get<0>(
+      convReluAddEpilogueComposite(conv, input, weight, other, alpha, /*with_mask=*/false));
 }
 
 std::tuple<at::Tensor, at::Tensor> convReluAddForwardComposite(
@@ -83,9 +98,7 @@ std::tuple<at::Tensor, at::Tensor> convReluAddForwardComposite(
     const at::Scalar& alpha) {
   checkConvReluAddInputs(input, weight, bias, stride, padding, dilation, groups, other);
   const auto conv = convolve(input, weight, bias, stride, padding, dilation, groups);
-  return {
-      at::add(at::relu(conv), other, alpha),
-      packConvMask(reluKeep(conv), input.dim() == weight.dim(), convMaskOrder(input, weight))};
+  return convReluAddEpilogueComposite(conv, input, weight, other, alpha, /*with_mask=*/true);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackwardComposite(

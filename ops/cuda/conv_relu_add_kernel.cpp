@@ -10,8 +10,8 @@
 // there cuDNN uses TF32 engines for shapes where its NCHW choice is exact
 // float32, and the result would be less accurate than eager's (see
 // docs/performance.md).
-// Other dtypes and conv outputs in neither layout run the reference
-// composition.
+// Other dtypes run the reference composition; conv outputs that neither
+// epilogue takes run its pointwise part on the convolution already computed.
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -99,19 +99,31 @@ std::tuple<at::Tensor, at::Tensor> forwardCuda(
   // channels-last one, or an nchw one whose mask must be channels-inner, takes
   // the channels-inner passes.  The mask must be in the order convMaskOrder
   // defines, whatever layout the convolution produced: a channels-last output
-  // where that order is positions-inner (rare: an unbatched input with
-  // channels-last strides) runs the composition.
+  // where that order is positions-inner (rare: an unbatched conv with a
+  // channels-last weight), or an output in neither layout, takes neither.
   const bool streaming = usable && out.is_contiguous() &&
       (!with_mask || order == ConvMaskOrder::PositionsInner);
   const bool staged = usable && !streaming && (out.is_contiguous() || isChannelsLast(out)) &&
       (!with_mask || order == ConvMaskOrder::ChannelsInner);
-  if (!usable || out.numel() == 0 || (!streaming && !staged)) {
+  if (!usable) {
     return with_mask ? convReluAddForwardComposite(
                            input, weight, bias, stride, padding, dilation, groups, other, alpha)
                      : std::make_tuple(
                            convReluAddComposite(
                                input, weight, bias, stride, padding, dilation, groups, other, alpha),
                            at::Tensor());
+  }
+  if (out.numel() == 0 || (!streaming && !staged)) {
+    // NB: the composite's pointwise part on `out`, not the composite, which
+    // would compute the convolution again.  The bias is added in place after
+    // the convolution, as eager's cuDNN convolution adds it, so `out` holds
+    // what convolve(..., bias, ...) gives, in the layout it gives.
+    if (bias && bias->defined()) {
+      std::vector<int64_t> bias_sizes(weight.dim() - 1, 1);  // [C, 1, ...]: unbatched too
+      bias_sizes[0] = bias->size(0);
+      out.add_(bias->reshape(bias_sizes));
+    }
+    return convReluAddEpilogueComposite(out, input, weight, other, alpha, with_mask);
   }
   c10::cuda::CUDAGuard guard(input.device());
   const auto e = convExtents(sizes, batched);

@@ -10,7 +10,10 @@ that stress the streaming NCHW passes: positions not a multiple of 32 or of a
 16-byte vector, 1x1 outputs, channels not a multiple of 32, mask words that
 span channels and images, rows split into several chunks, misaligned
 grad_output, many images, and grad_output arriving in another memory format
-than the forward's output.
+than the forward's output.  An unbatched conv with a channels-last weight
+gives a channels-last-strided output whose mask is positions-inner, a layout
+neither CUDA pass takes: there the forward runs the composition's pointwise
+part on the convolution it already computed, checked against eager too.
 
 Exactness: small-integer inputs make every conv product and sum exact (in
 TF32 and float16 too), so outputs, masks and bias gradients must equal the
@@ -26,6 +29,7 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -51,6 +55,7 @@ SHAPES = {
     "1d": ((3, 2, 37), (5, 2, 3), 0),  # [3, 5, 35]
     "3d": ((2, 2, 5, 6, 7), (6, 2, 3, 3, 3), 0),  # [2, 6, 3, 4, 5]
     "unbatched": ((2, 9, 10), (5, 2, 3, 3), 0),  # [5, 7, 8]
+    "unbatched-3d": ((2, 5, 6, 7), (6, 2, 3, 3, 3), 0),  # [6, 3, 4, 5]
 }
 LAYOUTS = ["nchw", "channels-last", "weight-cl"]
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -62,10 +67,10 @@ def _channels_last_format(t):
 
 
 def _applies(name, layout):
-    xs, ws, _ = SHAPES[name]
-    batched = len(xs) == len(ws)
-    # no channels-last format for 3-D tensors (1d convs, unbatched 2d inputs)
-    return layout == "nchw" or (batched and len(ws) >= 4)
+    _, ws, _ = SHAPES[name]
+    # no channels-last format for 1d convs; an unbatched input takes the
+    # strides of its channels-last batch of one (_inputs)
+    return layout == "nchw" or len(ws) >= 4
 
 
 CASES = [(n, l) for n in SHAPES for l in LAYOUTS if _applies(n, l)]
@@ -84,7 +89,8 @@ def _inputs(name, layout, dtype, seed):
     x = _ints(xs, -2, 2, gen, dtype)
     w = _ints(ws, -1, 1, gen, dtype)
     if layout == "channels-last":
-        x = x.contiguous(memory_format=_channels_last_format(x))
+        x = x.unsqueeze(0) if x.dim() < w.dim() else x
+        x = x.contiguous(memory_format=_channels_last_format(w)).view(xs)
     if layout == "weight-cl":
         w = w.contiguous(memory_format=_channels_last_format(w))
     b = _ints((ws[0],), -3, 3, gen, dtype)
@@ -97,7 +103,8 @@ def _inputs(name, layout, dtype, seed):
 def _expected_order(x, w, layout):
     """The rule of ops/conv_relu_add.h: channels-inner exactly when the conv
     output is channels-last, i.e. a batched conv with a channels-last input
-    or weight (no case here is ambiguous about its format)."""
+    or weight (no case here is ambiguous about its format); an unbatched
+    one is positions-inner whatever strides its output has."""
     return "channels-inner" if x.dim() == w.dim() and layout != "nchw" else "positions-inner"
 
 
@@ -272,6 +279,58 @@ def test_autograd_float32_matches_cpu(name, layout):
     out_cpu.backward(gy.cpu())
     assert torch.equal(out.detach().cpu(), out_cpu.detach())
     _assert_grads_match([a.grad for a in leaves], [r.grad for r in leaves_cpu],
+                        names=("input", "weight", "bias", "other"))
+
+
+# The layouts neither CUDA pass takes (module doc).  An unbatched input with
+# channels-last strides is not one: unsqueezed, its batch stride is C, so
+# cuDNN takes it as NCHW and gives an NCHW output.
+COMPOSITE_LAYOUTS = [("unbatched", "weight-cl"), ("unbatched-3d", "weight-cl")]
+
+
+def _convolutions(fn) -> int:
+    """How many convolutions fn() ran: aten::convolution calls, those inside
+    our kernels included (profiler)."""
+    # NB: the profiler warns that it clears events between cycles, which the
+    # suite's filterwarnings=error would turn into a failure.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Profiler clears events")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            fn()
+            torch.cuda.synchronize()
+    return sum(e.name == "aten::convolution" for e in prof.events())
+
+
+@pytest.mark.parametrize("name,layout", COMPOSITE_LAYOUTS)
+def test_composite_layouts_match_eager(name, layout):
+    """Where neither CUDA pass takes the conv output, both forward ops run
+    the convolution once, and the op gives eager's output, strides and
+    gradients."""
+    x, w, b, other, args = _inputs(name, layout, torch.float32, seed=9)
+    assert not _CONV[w.dim()](x, w, b, *args).is_contiguous(), "not the layout under test"
+    with torch.no_grad():
+        assert _convolutions(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 0.5)) == 1
+        assert _convolutions(lambda: ops.custom_conv_relu_add_forward(x, w, b, *args, other, 0.5)) == 1
+
+    def run(fused):
+        leaves = [t.detach().requires_grad_(True) for t in (x, w, b, other)]
+        lx, lw, lb, lo = leaves
+        if fused:
+            out = ops.custom_conv_relu_add(lx, lw, lb, *args, lo, 0.5)
+        else:
+            out = torch.add(torch.relu(_CONV[w.dim()](lx, lw, lb, *args)), lo, alpha=0.5)
+        return out, leaves
+
+    out, leaves = run(fused=True)
+    want, leaves_eager = run(fused=False)
+    assert torch.equal(out, want)
+    assert out.stride() == want.stride()
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(10)
+    gy = torch.randint(-3, 4, out.shape, generator=gen, device="cuda").float()
+    out.backward(gy)
+    want.backward(gy)
+    _assert_grads_match([a.grad for a in leaves], [r.grad.cpu() for r in leaves_eager],
                         names=("input", "weight", "bias", "other"))
 
 
