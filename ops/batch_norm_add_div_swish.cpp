@@ -1,6 +1,11 @@
 // custom_batch_norm_add_div_swish:
 //   t = (batch_norm(input, weight, bias, running_mean, running_var, training,
 //                   momentum, eps) + other) / divisor;  out = t * sigmoid(t).
+//   `silu` picks how the swish is differentiated: as aten::silu does,
+//   g·s·(1 + t(1 − s)), or as autograd through `t * sigmoid(t)` does,
+//   g·s + ((g·t)(1 − s))·s.  The two agree up to rounding except where g is
+//   infinite: there the sum is inf − inf = NaN where the product is ±inf, so
+//   the pass passes the spelling it matched.
 //   In training mode the running statistics are updated in place as
 //   aten::batch_norm does (unbiased variance), hence the (a!)/(b!)
 //   annotations; they are not optional because TorchScript's alias analysis
@@ -24,21 +29,21 @@ TORCH_LIBRARY_FRAGMENT(torchfuse, m) {
       "custom_batch_norm_add_div_swish(Tensor input, Tensor? weight, "
       "Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, "
       "bool training, float momentum, float eps, Tensor other, "
-      "Scalar divisor) -> Tensor");
+      "Scalar divisor, bool silu=True) -> Tensor");
   m.def(
       "custom_batch_norm_add_div_swish_eval(Tensor input, Tensor? weight, "
       "Tensor? bias, Tensor running_mean, Tensor running_var, float eps, "
-      "Tensor other, Scalar divisor) -> Tensor");
+      "Tensor other, Scalar divisor, bool silu=True) -> Tensor");
   m.def(
       "custom_batch_norm_add_div_swish_forward(Tensor input, Tensor? weight, "
       "Tensor? bias, Tensor(a!) running_mean, Tensor(b!) running_var, "
       "bool training, float momentum, float eps, Tensor other, "
-      "Scalar divisor) -> (Tensor, Tensor, Tensor)");
+      "Scalar divisor, bool silu=True) -> (Tensor, Tensor, Tensor)");
   m.def(
       "custom_batch_norm_add_div_swish_backward(Tensor grad_output, "
       "Tensor input, Tensor? weight, Tensor? bias, Tensor mean, "
       "Tensor invstd, bool training, Tensor other, Scalar divisor, "
-      "bool[4] output_mask) -> (Tensor, Tensor, Tensor, Tensor)");
+      "bool[4] output_mask, bool silu=True) -> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 namespace torchfuse {
@@ -47,17 +52,17 @@ namespace {
 using OptTensor = std::optional<at::Tensor>;
 using TrainSignature = at::Tensor(
     const at::Tensor&, const OptTensor&, const OptTensor&, at::Tensor&,
-    at::Tensor&, bool, double, double, const at::Tensor&, const at::Scalar&);
+    at::Tensor&, bool, double, double, const at::Tensor&, const at::Scalar&, bool);
 using EvalSignature = at::Tensor(
     const at::Tensor&, const OptTensor&, const OptTensor&, const at::Tensor&,
-    const at::Tensor&, double, const at::Tensor&, const at::Scalar&);
+    const at::Tensor&, double, const at::Tensor&, const at::Scalar&, bool);
 using ForwardSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const OptTensor&, const OptTensor&, at::Tensor&,
-    at::Tensor&, bool, double, double, const at::Tensor&, const at::Scalar&);
+    at::Tensor&, bool, double, double, const at::Tensor&, const at::Scalar&, bool);
 using BackwardSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&,
     const at::Tensor&, const at::Tensor&, bool, const at::Tensor&,
-    const at::Scalar&, std::array<bool, 4>);
+    const at::Scalar&, std::array<bool, 4>, bool);
 } // namespace
 
 at::Tensor custom_batch_norm_add_div_swish(
@@ -70,14 +75,15 @@ at::Tensor custom_batch_norm_add_div_swish(
     double momentum,
     double eps,
     const at::Tensor& other,
-    const at::Scalar& divisor) {
+    const at::Scalar& divisor,
+    bool silu) {
   static auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("torchfuse::custom_batch_norm_add_div_swish", "")
           .typed<TrainSignature>();
   return op.call(
       input, weight, bias, running_mean, running_var, training, momentum, eps,
-      other, divisor);
+      other, divisor, silu);
 }
 
 at::Tensor custom_batch_norm_add_div_swish_eval(
@@ -88,9 +94,10 @@ at::Tensor custom_batch_norm_add_div_swish_eval(
     const at::Tensor& running_var,
     double eps,
     const at::Tensor& other,
-    const at::Scalar& divisor) {
+    const at::Scalar& divisor,
+    bool silu) {
   return ops::batchNormAddDivSwishEval(
-      input, weight, bias, running_mean, running_var, eps, other, divisor);
+      input, weight, bias, running_mean, running_var, eps, other, divisor, silu);
 }
 
 namespace ops {
@@ -166,12 +173,13 @@ at::Tensor batchNormAddDivSwishEval(
     const at::Tensor& running_var,
     double eps,
     const at::Tensor& other,
-    const at::Scalar& divisor) {
+    const at::Scalar& divisor,
+    bool silu) {
   static auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("torchfuse::custom_batch_norm_add_div_swish_eval", "")
           .typed<EvalSignature>();
-  return op.call(input, weight, bias, running_mean, running_var, eps, other, divisor);
+  return op.call(input, weight, bias, running_mean, running_var, eps, other, divisor, silu);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForward(
@@ -184,14 +192,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForward(
     double momentum,
     double eps,
     const at::Tensor& other,
-    const at::Scalar& divisor) {
+    const at::Scalar& divisor,
+    bool silu) {
   static auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("torchfuse::custom_batch_norm_add_div_swish_forward", "")
           .typed<ForwardSignature>();
   return op.call(
       input, weight, bias, running_mean, running_var, training, momentum, eps,
-      other, divisor);
+      other, divisor, silu);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
@@ -205,14 +214,15 @@ batchNormAddDivSwishBackward(
     bool training,
     const at::Tensor& other,
     const at::Scalar& divisor,
-    std::array<bool, 4> output_mask) {
+    std::array<bool, 4> output_mask,
+    bool silu) {
   static auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("torchfuse::custom_batch_norm_add_div_swish_backward", "")
           .typed<BackwardSignature>();
   return op.call(
       grad_output, input, weight, bias, mean, invstd, training, other, divisor,
-      output_mask);
+      output_mask, silu);
 }
 
 } // namespace ops

@@ -26,7 +26,10 @@ at::ScalarType batchNormOpmathType(at::ScalarType input);
 // with grad_output's dtype.
 at::ScalarType batchNormBackwardType(at::ScalarType input, at::ScalarType grad_output);
 
-// Reference kernels: ATen compositions that run on any device.
+// Reference kernels: ATen compositions that run on any device.  `silu`
+// (every op's last argument) is the swish's spelling in the original: the
+// forward computes silu(t) or t * sigmoid(t), the backward differentiates it
+// as autograd would (see ops/batch_norm_add_div_swish.cpp).
 at::Tensor batchNormAddDivSwishComposite(
     const at::Tensor& input,
     const std::optional<at::Tensor>& weight,
@@ -37,7 +40,8 @@ at::Tensor batchNormAddDivSwishComposite(
     double momentum,
     double eps,
     const at::Tensor& other,
-    const at::Scalar& divisor);
+    const at::Scalar& divisor,
+    bool silu);
 
 at::Tensor batchNormAddDivSwishEvalComposite(
     const at::Tensor& input,
@@ -47,7 +51,8 @@ at::Tensor batchNormAddDivSwishEvalComposite(
     const at::Tensor& running_var,
     double eps,
     const at::Tensor& other,
-    const at::Scalar& divisor);
+    const at::Scalar& divisor,
+    bool silu);
 
 // Returns (output, save_mean, save_invstd); in eval mode the statistics are
 // empty.
@@ -61,7 +66,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForwardCompos
     double momentum,
     double eps,
     const at::Tensor& other,
-    const at::Scalar& divisor);
+    const at::Scalar& divisor,
+    bool silu);
 
 // mean and invstd are the batch statistics (training) or the running mean and
 // 1/sqrt(running_var + eps) (eval).  Returns (grad_input, grad_weight,
@@ -79,7 +85,8 @@ batchNormAddDivSwishBackwardComposite(
     bool training,
     const at::Tensor& other,
     const at::Scalar& divisor,
-    std::array<bool, 4> output_mask);
+    std::array<bool, 4> output_mask,
+    bool silu);
 
 at::Tensor batchNormAddDivSwishEval(
     const at::Tensor& input,
@@ -89,7 +96,8 @@ at::Tensor batchNormAddDivSwishEval(
     const at::Tensor& running_var,
     double eps,
     const at::Tensor& other,
-    const at::Scalar& divisor);
+    const at::Scalar& divisor,
+    bool silu);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForward(
     const at::Tensor& input,
@@ -101,7 +109,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForward(
     double momentum,
     double eps,
     const at::Tensor& other,
-    const at::Scalar& divisor);
+    const at::Scalar& divisor,
+    bool silu);
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 batchNormAddDivSwishBackward(
@@ -114,6 +123,7 @@ batchNormAddDivSwishBackward(
     bool training,
     const at::Tensor& other,
     const at::Scalar& divisor,
-    std::array<bool, 4> output_mask);
+    std::array<bool, 4> output_mask,
+    bool silu);
 
 } // namespace torchfuse::ops

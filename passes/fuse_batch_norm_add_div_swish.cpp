@@ -2,10 +2,13 @@
 //   t = (batch_norm(x, w, b, rm, rv, training, momentum, eps) + other) / d
 //   out = t * sigmoid(t)   (either operand order)   or   silu(t)
 //   => torchfuse::custom_batch_norm_add_div_swish(x, w, b, rm, rv, training,
-//                                                 momentum, eps, other, d)
+//                                                 momentum, eps, other, d, silu)
 //      or, where training is a constant false (frozen graphs),
 //      torchfuse::custom_batch_norm_add_div_swish_eval(x, w, b, rm, rv, eps,
-//                                                      other, d)
+//                                                      other, d, silu)
+//   with silu = true for silu(t), false for the product: the op then
+//   differentiates the swish as autograd does the spelling it replaces
+//   (they differ where the incoming gradient is infinite).
 //
 // Matched: training a constant or a runtime bool; momentum and eps passed
 // through as values; bn as either add operand (alpha must be 1); add_ only
@@ -122,19 +125,25 @@ bool rewrite(torch::jit::Graph& graph, const Match& m) {
   Value* other = m.add->input(1 - m.bn_operand);
   Value* divisor = m.div->input(1);
   const bool eval = constantBool(bn->input(5)) == std::optional<bool>(false);
+  Value* silu = nullptr;
+  {
+    torch::jit::WithInsertPoint guard(m.swish);
+    silu = graph.insertConstant(m.sigmoid == nullptr);
+  }
   Node* fused = eval
       ? replaceWithFusedOp(
             graph, "torchfuse::custom_batch_norm_add_div_swish_eval",
             {bn->input(0), bn->input(1), bn->input(2), bn->input(3),
-             bn->input(4), bn->input(7), other, divisor},
+             bn->input(4), bn->input(7), other, divisor, silu},
             m.swish)
       : replaceWithFusedOp(
             graph, "torchfuse::custom_batch_norm_add_div_swish",
             {bn->input(0), bn->input(1), bn->input(2), bn->input(3),
              bn->input(4), bn->input(5), bn->input(6), bn->input(7), other,
-             divisor},
+             divisor, silu},
             m.swish);
   if (fused == nullptr) {
+    silu->node()->destroy();
     return false;
   }
   m.swish->destroy();

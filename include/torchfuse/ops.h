@@ -38,6 +38,9 @@ TORCHFUSE_API at::Tensor custom_conv_relu_add(
 
 // t = (batch_norm(input, ...) + other) / divisor; t * sigmoid(t).
 // In training mode running_mean and running_var are updated in place.
+// silu: differentiate the swish as aten::silu does (true) or as autograd
+// through `t * sigmoid(t)` does (false); they differ where the incoming
+// gradient is infinite.
 TORCHFUSE_API at::Tensor custom_batch_norm_add_div_swish(
     const at::Tensor& input,
     const std::optional<at::Tensor>& weight,
@@ -48,7 +51,8 @@ TORCHFUSE_API at::Tensor custom_batch_norm_add_div_swish(
     double momentum,
     double eps,
     const at::Tensor& other,
-    const at::Scalar& divisor);
+    const at::Scalar& divisor,
+    bool silu = true);
 
 // The eval-mode overload: reads the running statistics, never writes them.
 TORCHFUSE_API at::Tensor custom_batch_norm_add_div_swish_eval(
@@ -59,7 +63,8 @@ TORCHFUSE_API at::Tensor custom_batch_norm_add_div_swish_eval(
     const at::Tensor& running_var,
     double eps,
     const at::Tensor& other,
-    const at::Scalar& divisor);
+    const at::Scalar& divisor,
+    bool silu = true);
 
 TORCHFUSE_API at::Tensor custom_relu(const at::Tensor& input);
 

@@ -258,15 +258,39 @@ __device__ __forceinline__ float sigmoidOf(float t) {
   }
 }
 
+// What g_bn needs beyond the per-channel coefficients: 1 / divisor, and the
+// form of the swish's derivative.  silu: silu_backward's one product
+// g·s'·(1 + t(1 − s')); else autograd's sum through t * sigmoid(t),
+// g·s' + ((g·t)(1 − s'))·s', which is NaN (inf − inf) where an infinite g
+// makes the product ±inf.
+struct SwishGradArgs {
+  double inv_d = 0.0;
+  bool silu = true;
+};
+
+// s where its rounding r to eager's sigmoid dtype is not 0 or 1, else r.
+// Eager's sigmoid is float32 (silu_backward's opmath) or the input's dtype
+// (the sigmoid tensor of t * sigmoid(t)); where it rounds to 1 or 0, an
+// infinite g meets 1 - s = 0 or s = 0 there and gives NaN, which the more
+// precise s here would turn into +-Inf.
+template <typename S>
+__device__ __forceinline__ S snapSigmoid(S s, float r) {
+  return r == 0.f || r == 1.f ? static_cast<S>(r) : s;
+}
+
 // g_bn = dout * s' * (1 + t (1 - s')) / d, with t recomputed from x.
 template <typename T>
 __device__ __forceinline__ float
-swishGrad(float g, float x, const ChannelCoef& cf, float inv_d, float* xm_out) {
+swishGrad(float g, float x, const ChannelCoef& cf, SwishGradArgs ga, float* xm_out) {
   const float xm = x - cf.mu;
   const float t = fmaf(xm, cf.a, cf.k);
-  const float s = sigmoidOf<T>(t);
+  float s = sigmoidOf<T>(t);
+  if (!ga.silu) {
+    s = snapSigmoid(s, toFloat(fromFloat<T>(s)));
+  }
   *xm_out = xm;
-  return g * s * (1.f + t * (1.f - s)) * inv_d;
+  const float gt = ga.silu ? g * s * (1.f + t * (1.f - s)) : g * s + g * t * (1.f - s) * s;
+  return gt * static_cast<float>(ga.inv_d);
 }
 
 // g_bn in float64 from float32 x and grad: the float32 path's terms.  Its
@@ -279,14 +303,19 @@ swishGrad(float g, float x, const ChannelCoef& cf, float inv_d, float* xm_out) {
 // evaluate it separately and must agree bit for bit, so that where eager's dx
 // cancels exactly (a channel of one element: g_bn - sum g_bn / 1) ours does.
 __device__ __forceinline__ double
-swishGradF64(float g, float x, const ChannelCoef& cf, double inv_d, double* xm_out) {
+swishGradF64(float g, float x, const ChannelCoef& cf, SwishGradArgs ga, double* xm_out) {
   const double xm = __dsub_rn(__dsub_rn(x, cf.mu), cf.mu_lo);
   const double a = __dadd_rn(cf.a, cf.a_lo);
   const double k = __dadd_rn(cf.k, cf.k_lo);
   const double t = __fma_rn(xm, a, k);
-  const double s = __drcp_rn(__dadd_rn(1.0, exp(-t)));
+  const double s_exact = __drcp_rn(__dadd_rn(1.0, exp(-t)));
+  const double s = snapSigmoid(s_exact, __double2float_rn(s_exact));
   *xm_out = xm;
-  return __dmul_rn(__dmul_rn(__dmul_rn(g, s), __fma_rn(t, __dsub_rn(1.0, s), 1.0)), inv_d);
+  const double gs = __dmul_rn(g, s);
+  const double gt = ga.silu
+      ? __dmul_rn(gs, __fma_rn(t, __dsub_rn(1.0, s), 1.0))
+      : __dadd_rn(gs, __dmul_rn(__dmul_rn(__dmul_rn(g, t), __dsub_rn(1.0, s)), s));
+  return __dmul_rn(gt, ga.inv_d);
 }
 
 // Type of the backward reductions' per-element terms and chunk sums:
@@ -298,15 +327,15 @@ using BwdTerm = std::conditional_t<std::is_same_v<T, float>, double, float>;
 // Adds g_bn and g_bn * xhat to (c0, c1).
 template <typename T>
 __device__ __forceinline__ void bwdTerms(
-    float g, float x, const ChannelCoef& cf, double inv_d, BwdTerm<T>& c0, BwdTerm<T>& c1) {
+    float g, float x, const ChannelCoef& cf, SwishGradArgs ga, BwdTerm<T>& c0, BwdTerm<T>& c1) {
   if constexpr (std::is_same_v<T, float>) {
     double xm;
-    const double gb = swishGradF64(g, x, cf, inv_d, &xm);
+    const double gb = swishGradF64(g, x, cf, ga, &xm);
     c0 += gb;
     c1 += gb * (xm * static_cast<double>(cf.invstd));
   } else {
     float xm;
-    const float gb = swishGrad<T>(g, x, cf, static_cast<float>(inv_d), &xm);
+    const float gb = swishGrad<T>(g, x, cf, ga, &xm);
     c0 += gb;
     c1 += gb * (xm * cf.invstd);
   }
@@ -333,7 +362,7 @@ __global__ void __launch_bounds__(kColX* kColY) columnReduceKernel(
     int64_t c,
     int64_t per,
     const float* __restrict__ coef,
-    double inv_d,
+    SwishGradArgs ga,
     ReduceAcc<kBwd>* __restrict__ part0,
     ReduceAcc<kBwd>* __restrict__ part1) {
   using Acc = ReduceAcc<kBwd>;
@@ -403,7 +432,7 @@ __global__ void __launch_bounds__(kColX* kColY) columnReduceKernel(
           } else {
 #pragma unroll
             for (int k = 0; k < V; ++k) {
-              bwdTerms<T>(toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf[k], inv_d, c0[k], c1[k]);
+              bwdTerms<T>(toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf[k], ga, c0[k], c1[k]);
             }
           }
         }
@@ -460,7 +489,7 @@ __global__ void __launch_bounds__(kThreads) planeReduceKernel(
     int64_t m,
     int64_t per,
     const float* __restrict__ coef,
-    double inv_d,
+    SwishGradArgs ga,
     ReduceAcc<kBwd>* __restrict__ part0,
     ReduceAcc<kBwd>* __restrict__ part1) {
   using Acc = ReduceAcc<kBwd>;
@@ -520,7 +549,7 @@ __global__ void __launch_bounds__(kThreads) planeReduceKernel(
         } else {
 #pragma unroll
           for (int k = 0; k < V; ++k) {
-            bwdTerms<T>(toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf, inv_d, c0, c1);
+            bwdTerms<T>(toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf, ga, c0, c1);
           }
         }
       }
@@ -902,7 +931,7 @@ __global__ void __launch_bounds__(kThreads) applyBackwardKernel(
     int64_t l,
     const float* __restrict__ coef,
     const double* __restrict__ sums,
-    double inv_d) {
+    SwishGradArgs ga) {
   constexpr bool kF64 = std::is_same_v<T, float>;
   constexpr int W = kF64 ? V : 1;  // sizes of the float64-only arrays
   const int64_t base = int64_t(blockIdx.x) * kThreads * kUnroll + threadIdx.x;
@@ -950,7 +979,7 @@ __global__ void __launch_bounds__(kThreads) applyBackwardKernel(
         if constexpr (kF64) {
           double xm;
           const ChannelCoef cf{mu[k], a[k], kk[k], 0.f, a_lo[k], k_lo[k], mu_lo[k]};
-          const double gb = swishGradF64(gv[u].v[k], xv[u].v[k], cf, inv_d, &xm);
+          const double gb = swishGradF64(gv[u].v[k], xv[u].v[k], cf, ga, &xm);
           const double pd = static_cast<double>(p[k]) + static_cast<double>(p_lo[k]);
           if constexpr (kOut == BwdOut::kTrainDx) {
             d.v[k] = static_cast<float>(
@@ -962,7 +991,7 @@ __global__ void __launch_bounds__(kThreads) applyBackwardKernel(
           float xm;
           const ChannelCoef cf{mu[k], a[k], kk[k], 0.f};
           const float gb = swishGrad<T>(
-              toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf, static_cast<float>(inv_d), &xm);
+              toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf, ga, &xm);
           if constexpr (kOut == BwdOut::kTrainDx) {
             d.v[k] = fromFloat<T>(p[k] * (gb - q[k] - (xm * is[k]) * r[k]));
           } else {
@@ -995,18 +1024,18 @@ void launchReduce(
     const T* x,
     const T* g,
     const float* coef,
-    double inv_d,
+    SwishGradArgs ga,
     ReduceAcc<kBwd>* part0,
     ReduceAcc<kBwd>* part1,
     cudaStream_t stream) {
   if (p.columns) {
     const dim3 grid(static_cast<unsigned>(ceilDiv(s.c / V, kColX)), static_cast<unsigned>(p.splits));
     columnReduceKernel<T, V, kBwd><<<grid, dim3(kColX, kColY), 0, stream>>>(
-        x, g, s.n, s.c, p.per, coef, inv_d, part0, part1);
+        x, g, s.n, s.c, p.per, coef, ga, part0, part1);
   } else {
     const dim3 grid(static_cast<unsigned>(s.c), static_cast<unsigned>(p.splits));
     planeReduceKernel<T, V, kBwd><<<grid, kThreads, 0, stream>>>(
-        x, g, s.c, s.l, s.n * s.l, p.per, coef, inv_d, part0, part1);
+        x, g, s.c, s.l, s.n * s.l, p.per, coef, ga, part0, part1);
   }
 }
 
@@ -1076,7 +1105,7 @@ void batchNormSwishTrainForward(
   withVec<T>(p, aligned16(x) && aligned16(out), [&](auto vc) {
     constexpr int V = decltype(vc)::value;
     launchReduce<T, V, false>(
-        p, shape, x, nullptr, nullptr, 0.0, ws.part0, ws.part1, stream);
+        p, shape, x, nullptr, nullptr, SwishGradArgs{}, ws.part0, ws.part1, stream);
     trainStatsFinalizeKernel<T><<<channelBlocks(shape.c), kThreads, 0, stream>>>(
         x, StatsPartials{ws.part0, ws.part1, p.splits, p.total, p.per}, shape.c, shape.l,
         shape.n * shape.l, affine, running_mean, running_var, momentum, eps,
@@ -1123,6 +1152,7 @@ void batchNormSwishBackward(
     BnChannelRef mean,
     BnChannelRef invstd,
     bool training,
+    bool silu,
     T* grad_input,
     const BnParamGrads& grads,
     void* workspace,
@@ -1133,7 +1163,7 @@ void batchNormSwishBackward(
   }
   const Plan p = makePlan(shape, sizeof(T), num_sms);
   const auto ws = carve<double>(workspace, shape, p);
-  const double inv_d = 1.0 / affine.divisor;
+  const SwishGradArgs ga{1.0 / affine.divisor, silu};
   coefFromStatsKernel<<<channelBlocks(shape.c), kThreads, 0, stream>>>(
       shape.c, mean, invstd, /*is_var=*/false, 0.0, affine, ws.coef);
   const bool need_sums = (training && grad_input != nullptr) ||
@@ -1149,7 +1179,7 @@ void batchNormSwishBackward(
         // The forward's statistics pass again (its float partials), for mu_lo.
         const auto stats = carve<float>(workspace, shape, p);
         launchReduce<T, V, false>(
-            p, shape, x, nullptr, nullptr, 0.0, stats.part0, stats.part1, stream);
+            p, shape, x, nullptr, nullptr, SwishGradArgs{}, stats.part0, stats.part1, stream);
         meanLoKernel<T><<<channelBlocks(shape.c), kThreads, 0, stream>>>(
             x, StatsPartials{stats.part0, stats.part1, p.splits, p.total, p.per}, shape.c,
             shape.l, ws.coef);
@@ -1157,7 +1187,7 @@ void batchNormSwishBackward(
     }
     if (need_sums) {
       launchReduce<T, V, true>(
-          p, shape, x, grad_output, ws.coef, inv_d, ws.part0, ws.part1, stream);
+          p, shape, x, grad_output, ws.coef, ga, ws.part0, ws.part1, stream);
       backwardSumsFinalizeKernel<<<channelBlocks(shape.c), kThreads, 0, stream>>>(
           ws.part0, ws.part1, shape.c, p.splits, shape.n * shape.l, grads,
           other_per_channel, ws.sums, ws.coef);
@@ -1173,10 +1203,10 @@ void batchNormSwishBackward(
     const auto blocks = applyBlocks(nvec);
     if (training) {
       applyBackwardKernel<T, V, BwdOut::kTrainDx><<<blocks, kThreads, 0, stream>>>(
-          grad_output, x, grad_input, nvec, shape.c, shape.l, ws.coef, ws.sums, inv_d);
+          grad_output, x, grad_input, nvec, shape.c, shape.l, ws.coef, ws.sums, ga);
     } else {
       applyBackwardKernel<T, V, BwdOut::kEvalDx><<<blocks, kThreads, 0, stream>>>(
-          grad_output, x, grad_input, nvec, shape.c, shape.l, ws.coef, ws.sums, inv_d);
+          grad_output, x, grad_input, nvec, shape.c, shape.l, ws.coef, ws.sums, ga);
     }
   });
 }
@@ -1191,7 +1221,7 @@ void batchNormSwishBackward(
 #define TORCHFUSE_INSTANTIATE_BN_SWISH_BACKWARD(T)                             \
   template void batchNormSwishBackward<T>(                                     \
       const T*, const T*, BnShape, const BnAffine&, BnChannelRef,              \
-      BnChannelRef, bool, T*, const BnParamGrads&, void*, int, cudaStream_t);
+      BnChannelRef, bool, bool, T*, const BnParamGrads&, void*, int, cudaStream_t);
 TORCHFUSE_INSTANTIATE_BN_SWISH_FORWARD(float)
 TORCHFUSE_INSTANTIATE_BN_SWISH_FORWARD(__half)
 TORCHFUSE_INSTANTIATE_BN_SWISH_FORWARD(__nv_bfloat16)

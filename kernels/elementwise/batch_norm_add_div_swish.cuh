@@ -15,7 +15,8 @@
 //   out = t * sigmoid(t)
 //
 // Backward (s' = sigmoid(t), xhat = (x - mu_c) * invstd_c):
-//   g_bn  = dout * s' * (1 + t * (1 - s')) / d        (= d out / d (bn + s))
+//   g_bn  = dout * s' * (1 + t * (1 - s')) / d        (= d out / d (bn + s);
+//           silu == false: (dout * s' + dout * t * (1 - s') * s') / d)
 //   dw_c  = sum g_bn * xhat,  db_c = sum g_bn
 //   dx    = w_c * invstd_c * (g_bn - db_c / M - xhat * dw_c / M)   (training)
 //   dx    = w_c * invstd_c * g_bn                                  (eval)
@@ -106,7 +107,9 @@ void batchNormSwishEvalForward(
     cudaStream_t stream);
 
 // Backward.  mean / invstd are the saved batch statistics (training) or the
-// running mean and 1/sqrt(rv + eps) (eval).  grad_output has x's layout.
+// running mean and 1/sqrt(rv + eps) (eval).  silu: the swish's derivative as
+// silu_backward's product (true) or as autograd's sum through
+// t * sigmoid(t) (false); they differ where grad_output is infinite.  grad_output has x's layout.
 // grad_input (x's layout) is written where not null, the parameter gradients
 // where wanted; the sums behind them accumulate in float64 and are reduced in
 // a fixed order, so they are deterministic.  float32 (T = float) evaluates
@@ -122,6 +125,7 @@ void batchNormSwishBackward(
     BnChannelRef mean,
     BnChannelRef invstd,
     bool training,
+    bool silu,
     T* grad_input,
     const BnParamGrads& grads,
     void* workspace,

@@ -45,7 +45,7 @@ variable_list backwardFromSaved(
   auto [grad_input, grad_weight, grad_bias, grad_other] = batchNormAddDivSwishBackward(
       grad_output, input, toOptional(saved[1]), toOptional(saved[2]), mean, invstd,
       training, other, ctx->saved_data["divisor"].toScalar(),
-      {needs(0), needs(1), needs(2), needs(5)});
+      {needs(0), needs(1), needs(2), needs(5)}, ctx->saved_data["silu"].toBool());
   return {grad_input, grad_weight, grad_bias, grad_other};
 }
 
@@ -63,16 +63,18 @@ class BatchNormAddDivSwishFunction
       double momentum,
       double eps,
       const at::Tensor& other,
-      const at::Scalar& divisor) {
+      const at::Scalar& divisor,
+      bool silu) {
     at::AutoDispatchBelowADInplaceOrView guard;
     saveOptionalPresence(ctx, weight, bias);
     ctx->saved_data["training"] = training;
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["divisor"] = divisor;
+    ctx->saved_data["silu"] = silu;
     if (!training) {
       auto out = custom_batch_norm_add_div_swish(
           input, weight, bias, running_mean, running_var, training, momentum, eps,
-          other, divisor);
+          other, divisor, silu);
       ctx->save_for_backward(
           {input, orUndefined(weight), orUndefined(bias), other, running_mean,
            running_var});
@@ -80,7 +82,7 @@ class BatchNormAddDivSwishFunction
     }
     auto [out, save_mean, save_invstd] = batchNormAddDivSwishForward(
         input, weight, bias, running_mean, running_var, training, momentum, eps,
-        other, divisor);
+        other, divisor, silu);
     ctx->save_for_backward(
         {input, orUndefined(weight), orUndefined(bias), other, save_mean,
          save_invstd});
@@ -91,7 +93,7 @@ class BatchNormAddDivSwishFunction
     const bool training = ctx->saved_data["training"].toBool();
     const auto g = backwardFromSaved(ctx, grads[0], training);
     return {g[0], g[1], g[2], at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), g[3], at::Tensor()};
+            at::Tensor(), at::Tensor(), g[3], at::Tensor(), at::Tensor()};
   }
 };
 
@@ -107,21 +109,24 @@ class BatchNormAddDivSwishEvalFunction
       const at::Tensor& running_var,
       double eps,
       const at::Tensor& other,
-      const at::Scalar& divisor) {
+      const at::Scalar& divisor,
+      bool silu) {
     at::AutoDispatchBelowADInplaceOrView guard;
     saveOptionalPresence(ctx, weight, bias);
     ctx->saved_data["eps"] = eps;
     ctx->saved_data["divisor"] = divisor;
+    ctx->saved_data["silu"] = silu;
     ctx->save_for_backward(
         {input, orUndefined(weight), orUndefined(bias), other, running_mean,
          running_var});
     return batchNormAddDivSwishEval(
-        input, weight, bias, running_mean, running_var, eps, other, divisor);
+        input, weight, bias, running_mean, running_var, eps, other, divisor, silu);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto g = backwardFromSaved(ctx, grads[0], /*training=*/false);
-    return {g[0], g[1], g[2], at::Tensor(), at::Tensor(), at::Tensor(), g[3], at::Tensor()};
+    return {g[0], g[1], g[2], at::Tensor(), at::Tensor(), at::Tensor(), g[3], at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -135,19 +140,20 @@ at::Tensor batchNormAddDivSwishAutograd(
     double momentum,
     double eps,
     const at::Tensor& other,
-    const at::Scalar& divisor) {
+    const at::Scalar& divisor,
+    bool silu) {
   at::Tensor out;
   if (!needsGraph(input, weight, bias, other)) {
     at::AutoDispatchBelowADInplaceOrView guard;
     out = custom_batch_norm_add_div_swish(
         input, weight, bias, running_mean, running_var, training, momentum, eps,
-        other, divisor);
+        other, divisor, silu);
   } else {
     // NB: absent weight and bias go to apply as optionals, which apply skips;
     // undefined at::Tensor inputs fail there ("tensor does not have a device").
     out = BatchNormAddDivSwishFunction::apply(
         input, weight, bias, running_mean, running_var,
-        training, momentum, eps, other, divisor);
+        training, momentum, eps, other, divisor, silu);
   }
   // NB: the running statistics' version counters stay as they are, as
   // aten::batch_norm leaves them: where an eval-mode batch_norm saved the
@@ -164,15 +170,15 @@ at::Tensor batchNormAddDivSwishEvalAutograd(
     const at::Tensor& running_var,
     double eps,
     const at::Tensor& other,
-    const at::Scalar& divisor) {
+    const at::Scalar& divisor,
+    bool silu) {
   if (!needsGraph(input, weight, bias, other)) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return batchNormAddDivSwishEval(
-        input, weight, bias, running_mean, running_var, eps, other, divisor);
+        input, weight, bias, running_mean, running_var, eps, other, divisor, silu);
   }
   return BatchNormAddDivSwishEvalFunction::apply(
-      input, weight, bias, running_mean, running_var, eps,
-      other, divisor);
+      input, weight, bias, running_mean, running_var, eps, other, divisor, silu);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
@@ -186,14 +192,15 @@ batchNormAddDivSwishBackwardAutograd(
     bool training,
     const at::Tensor& other,
     const at::Scalar& divisor,
-    std::array<bool, 4> output_mask) {
+    std::array<bool, 4> output_mask,
+    bool silu) {
   refuseDoubleBackward(
       "torchfuse::custom_batch_norm_add_div_swish", grad_output, input, weight,
       bias, other);
   at::AutoDispatchBelowADInplaceOrView guard;
   return batchNormAddDivSwishBackward(
       grad_output, input, weight, bias, mean, invstd, training, other, divisor,
-      output_mask);
+      output_mask, silu);
 }
 
 } // namespace

@@ -6,9 +6,10 @@
 namespace torchfuse::ops {
 namespace {
 
-at::Tensor addDivSwish(const at::Tensor& bn, const at::Tensor& other, const at::Scalar& divisor) {
+at::Tensor addDivSwish(
+    const at::Tensor& bn, const at::Tensor& other, const at::Scalar& divisor, bool silu) {
   const auto t = at::div(at::add(bn, other), divisor);
-  return at::mul(t, at::sigmoid(t));
+  return silu ? at::silu(t) : at::mul(t, at::sigmoid(t));
 }
 
 // The per-channel vector t viewed to broadcast along dim 1 of an n-D input.
@@ -30,13 +31,14 @@ at::Tensor batchNormAddDivSwishComposite(
     double momentum,
     double eps,
     const at::Tensor& other,
-    const at::Scalar& divisor) {
+    const at::Scalar& divisor,
+    bool silu) {
   checkBatchNormAddDivSwishInputs(
       input, weight, bias, running_mean, running_var, other, divisor);
   const auto bn = at::batch_norm(
       input, weight, bias, running_mean, running_var, training, momentum, eps,
       /*cudnn_enabled=*/true);
-  return addDivSwish(bn, other, divisor);
+  return addDivSwish(bn, other, divisor, silu);
 }
 
 at::Tensor batchNormAddDivSwishEvalComposite(
@@ -47,13 +49,14 @@ at::Tensor batchNormAddDivSwishEvalComposite(
     const at::Tensor& running_var,
     double eps,
     const at::Tensor& other,
-    const at::Scalar& divisor) {
+    const at::Scalar& divisor,
+    bool silu) {
   checkBatchNormAddDivSwishInputs(
       input, weight, bias, running_mean, running_var, other, divisor);
   const auto bn = at::batch_norm(
       input, weight, bias, running_mean, running_var, /*training=*/false,
       /*momentum=*/0.0, eps, /*cudnn_enabled=*/true);
-  return addDivSwish(bn, other, divisor);
+  return addDivSwish(bn, other, divisor, silu);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForwardComposite(
@@ -66,7 +69,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForwardCompos
     double momentum,
     double eps,
     const at::Tensor& other,
-    const at::Scalar& divisor) {
+    const at::Scalar& divisor,
+    bool silu) {
   checkBatchNormAddDivSwishInputs(
       input, weight, bias, running_mean, running_var, other, divisor);
   const auto stats = input.options().dtype(batchNormOpmathType(input.scalar_type()));
@@ -78,15 +82,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForwardCompos
         input, weight, bias, running_mean, running_var, training, momentum, eps,
         /*cudnn_enabled=*/true);
     const auto zeros = at::zeros({training ? input.size(1) : 0}, stats);
-    return {addDivSwish(bn, other, divisor), zeros, zeros.clone()};
+    return {addDivSwish(bn, other, divisor, silu), zeros, zeros.clone()};
   }
   auto [bn, save_mean, save_invstd] = at::native_batch_norm(
       input, weight, bias, running_mean, running_var, training, momentum, eps);
   if (!training) {
-    return {addDivSwish(bn, other, divisor), at::empty({0}, stats), at::empty({0}, stats)};
+    return {addDivSwish(bn, other, divisor, silu), at::empty({0}, stats), at::empty({0}, stats)};
   }
   return {
-      addDivSwish(bn, other, divisor), save_mean.to(stats.dtype()),
+      addDivSwish(bn, other, divisor, silu), save_mean.to(stats.dtype()),
       save_invstd.to(stats.dtype())};
 }
 
@@ -101,7 +105,8 @@ batchNormAddDivSwishBackwardComposite(
     bool training,
     const at::Tensor& other,
     const at::Scalar& divisor,
-    std::array<bool, 4> output_mask) {
+    std::array<bool, 4> output_mask,
+    bool silu) {
   const auto ct =
       batchNormBackwardType(input.scalar_type(), grad_output.scalar_type());
   const int64_t dim = input.dim();
@@ -122,10 +127,21 @@ batchNormAddDivSwishBackwardComposite(
     bn = bn + perChannel(bias->to(ct), dim);
   }
   const auto t = at::div(at::add(bn, other.to(ct)), divisor);
-  const auto s = at::sigmoid(t);
-  // d/dt [t * sigmoid(t)] = s * (1 + t * (1 - s))
-  const auto grad_sum =
-      at::div(grad_output.to(ct) * s * (1 + t * (1 - s)), divisor);
+  auto s = at::sigmoid(t);
+  // NB: where eager's sigmoid (float32 in silu_backward, the input's dtype as
+  // the tensor of t * sigmoid(t)) rounds to 0 or 1, an infinite gradient
+  // meets s = 0 or 1 - s = 0 and gives NaN; s takes that rounding there.
+  const auto eager_dtype = silu ? batchNormOpmathType(input.scalar_type()) : input.scalar_type();
+  if (c10::elementSize(eager_dtype) < c10::elementSize(ct)) {
+    const auto r = s.to(eager_dtype).to(ct);
+    s = at::where(r.eq(0).logical_or_(r.eq(1)), r, s);
+  }
+  // d/dt [t * sigmoid(t)] = s * (1 + t * (1 - s)), in the original's form:
+  // silu_backward's one product, or the sum of mul's and sigmoid's backwards.
+  const auto g_out = grad_output.to(ct);
+  const auto grad_t =
+      silu ? g_out * s * (1 + t * (1 - s)) : g_out * s + g_out * t * (1 - s) * s;
+  const auto grad_sum = at::div(grad_t, divisor);
   const auto g = grad_sum.sum_to_size(input.sizes());
   const auto sum_g = g.sum(reduce_dims);
   const auto sum_g_xhat = (g * x_hat).sum(reduce_dims);

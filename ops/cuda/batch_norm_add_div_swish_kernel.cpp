@@ -239,7 +239,8 @@ at::Tensor batchNormAddDivSwishCuda(
     double momentum,
     double eps,
     const at::Tensor& other,
-    const at::Scalar& divisor) {
+    const at::Scalar& divisor,
+    bool silu) {
   checkBatchNormAddDivSwishInputs(
       input, weight, bias, running_mean, running_var, other, divisor);
   const auto plan = forwardPlan(
@@ -247,7 +248,7 @@ at::Tensor batchNormAddDivSwishCuda(
   if (!plan) {
     return batchNormAddDivSwishComposite(
         input, weight, bias, running_mean, running_var, training, momentum, eps,
-        other, divisor);
+        other, divisor, silu);
   }
   if (training) {
     return trainForwardCuda(
@@ -265,7 +266,8 @@ at::Tensor batchNormAddDivSwishEvalCuda(
     const at::Tensor& running_var,
     double eps,
     const at::Tensor& other,
-    const at::Scalar& divisor) {
+    const at::Scalar& divisor,
+    bool silu) {
   checkBatchNormAddDivSwishInputs(
       input, weight, bias, running_mean, running_var, other, divisor);
   const auto plan = forwardPlan(
@@ -273,7 +275,7 @@ at::Tensor batchNormAddDivSwishEvalCuda(
       divisor);
   if (!plan) {
     return batchNormAddDivSwishEvalComposite(
-        input, weight, bias, running_mean, running_var, eps, other, divisor);
+        input, weight, bias, running_mean, running_var, eps, other, divisor, silu);
   }
   return evalForwardCuda(*plan, input, eps);
 }
@@ -288,7 +290,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForwardCuda(
     double momentum,
     double eps,
     const at::Tensor& other,
-    const at::Scalar& divisor) {
+    const at::Scalar& divisor,
+    bool silu) {
   checkBatchNormAddDivSwishInputs(
       input, weight, bias, running_mean, running_var, other, divisor);
   const auto plan = forwardPlan(
@@ -296,7 +299,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForwardCuda(
   if (!plan) {
     return batchNormAddDivSwishForwardComposite(
         input, weight, bias, running_mean, running_var, training, momentum, eps,
-        other, divisor);
+        other, divisor, silu);
   }
   // Statistics in batchNormOpmathType(input) = float32 for the kernel dtypes.
   const auto stats = input.options().dtype(at::kFloat);
@@ -321,11 +324,12 @@ batchNormAddDivSwishBackwardCuda(
     bool training,
     const at::Tensor& other,
     const at::Scalar& divisor,
-    std::array<bool, 4> output_mask) {
+    std::array<bool, 4> output_mask,
+    bool silu) {
   const auto fallback = [&] {
     return batchNormAddDivSwishBackwardComposite(
         grad_output, input, weight, bias, mean, invstd, training, other, divisor,
-        output_mask);
+        output_mask, silu);
   };
   // NB: with grad_output in the input's dtype the composite computes in
   // batchNormBackwardType: float64 for float32 inputs, float32 for 16-bit
@@ -380,7 +384,7 @@ batchNormAddDivSwishBackwardCuda(
   TORCHFUSE_DISPATCH_BN_TYPES(input.scalar_type(), "custom_batch_norm_add_div_swish_backward", [&] {
     k::batchNormSwishBackward(
         cudaPtr<scalar_t>(g), cudaPtr<scalar_t>(input), *shape, affine, *mu, *is,
-        training, grad_input.defined() ? cudaPtr<scalar_t>(grad_input) : nullptr,
+        training, silu, grad_input.defined() ? cudaPtr<scalar_t>(grad_input) : nullptr,
         grads, ws.data_ptr(), sms, stream);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -26,7 +26,8 @@ at::Tensor batchNormAddDivSwishMeta(
     double momentum,
     double eps,
     const at::Tensor& other,
-    const at::Scalar& divisor) {
+    const at::Scalar& divisor,
+    bool /*silu*/) {
   if (!anySymbolic({input, orUndefined(weight), orUndefined(bias), running_mean, running_var, other})) {
     checkBatchNormAddDivSwishInputs(
         input, weight, bias, running_mean, running_var, other, divisor);
@@ -42,7 +43,8 @@ at::Tensor batchNormAddDivSwishEvalMeta(
     const at::Tensor& running_var,
     double eps,
     const at::Tensor& other,
-    const at::Scalar& divisor) {
+    const at::Scalar& divisor,
+    bool /*silu*/) {
   if (!anySymbolic({input, orUndefined(weight), orUndefined(bias), running_mean, running_var, other})) {
     checkBatchNormAddDivSwishInputs(
         input, weight, bias, running_mean, running_var, other, divisor);
@@ -60,7 +62,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForwardMeta(
     double momentum,
     double eps,
     const at::Tensor& other,
-    const at::Scalar& divisor) {
+    const at::Scalar& divisor,
+    bool /*silu*/) {
   if (!anySymbolic({input, orUndefined(weight), orUndefined(bias), running_mean, running_var, other})) {
     checkBatchNormAddDivSwishInputs(
         input, weight, bias, running_mean, running_var, other, divisor);
@@ -83,7 +86,8 @@ batchNormAddDivSwishBackwardMeta(
     bool training,
     const at::Tensor& other,
     const at::Scalar& divisor,
-    std::array<bool, 4> output_mask) {
+    std::array<bool, 4> output_mask,
+    bool /*silu*/) {
   const auto ct =
       batchNormBackwardType(input.scalar_type(), grad_output.scalar_type());
   const auto channel = at::empty_symint({input.sym_size(1)}, input.options().dtype(ct));

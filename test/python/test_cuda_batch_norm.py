@@ -168,18 +168,20 @@ def clone_to(v, dtype=None, device=None, grad=False):
     return c.requires_grad_(grad)
 
 
-def eager_fn(x, w, b, rm, rv, training, momentum, other, divisor):
+def eager_fn(x, w, b, rm, rv, training, momentum, other, divisor, silu=False):
     # NB: torch.batch_norm, not F.batch_norm: the latter refuses one value per
     # channel in training, which the aten op (and so the composite) allows.
     t = (torch.batch_norm(x, w, b, rm, rv, training, momentum, EPS, True) + other) / divisor
-    return t * torch.sigmoid(t)
+    return torch.nn.functional.silu(t) if silu else t * torch.sigmoid(t)
 
 
-def fused_fn(mode):
+def fused_fn(mode, silu=False):
+    """The op with `silu` naming eager_fn's spelling of the swish."""
+
     def f(x, w, b, rm, rv, training, momentum, other, divisor):
         if mode == "eval-op":
-            return ops.custom_batch_norm_add_div_swish_eval(x, w, b, rm, rv, EPS, other, divisor)
-        return ops.custom_batch_norm_add_div_swish(x, w, b, rm, rv, training, momentum, EPS, other, divisor)
+            return ops.custom_batch_norm_add_div_swish_eval(x, w, b, rm, rv, EPS, other, divisor, silu)
+        return ops.custom_batch_norm_add_div_swish(x, w, b, rm, rv, training, momentum, EPS, other, divisor, silu)
 
     return f
 
@@ -212,12 +214,14 @@ def run_and_compare(
     divisor=1.0,
     steps=None,
     nonfinite=(),
+    silu=False,
     label="",
 ):
     """`steps` training (or eval) steps through fused (CUDA op), eager (CUDA,
     dtype) and reference (CPU op, float64), each with its own running
     statistics; compares outputs and gradients at every step and the running
-    statistics at the end."""
+    statistics at the end.  nonfinite names the inputs that get NaN and
+    +-Inf; "gy" puts +-Inf in an eighth of grad_output."""
     training = mode == "train"
     steps = steps if steps is not None else (3 if training else 1)
     label = f"{label} mode={mode} dtype={dtype} params={param_dtype} [seed {SEED}]"
@@ -232,8 +236,8 @@ def run_and_compare(
         return {k: clone_to(inputs[k], dtype_, device, grad=k in grads) for k in ("w", "b", "other", "rm", "rv")}
 
     s_fused, s_eager, s_ref = state(), state(), state(torch.float64, "cpu")
-    fused = fused_fn(mode)
-    ref_fn = fused_fn(mode)  # the CPU op = the composite
+    fused = fused_fn(mode, silu)
+    ref_fn = fused_fn(mode, silu)  # the CPU op = the composite
 
     for step in range(steps):
         x0 = inputs["x"] if step == 0 else make_x(lay, dtype, gen)
@@ -251,7 +255,7 @@ def run_and_compare(
         args = lambda s, x: (x, s["w"], s["b"], s["rm"], s["rv"], training, momentum, s["other"], divisor)  # noqa: E731
 
         ref_out = ref_fn(*args(s_ref, xs["ref"]))
-        eager_out = eager_fn(*args(s_eager, xs["eager"]))
+        eager_out = eager_fn(*args(s_eager, xs["eager"]), silu=silu)
         poison(nbytes(eager_out), lay.shape[1] * 4)
         fused_out = fused(*args(s_fused, xs["fused"]))
         torch.cuda.synchronize()
@@ -259,6 +263,9 @@ def run_and_compare(
         check(fused_out, eager_out, ref_out, what=f"{what}: output", dtype=dtype)
 
         gy = randn(eager_out.shape, gen=gen).to(eager_out.dtype)
+        if "gy" in nonfinite:
+            pick = torch.rand(gy.shape, device="cuda", generator=gen) < 0.125
+            gy = torch.where(pick, torch.sign(gy) * float("inf"), gy)
         if gy.shape == x0.shape:  # in x's memory order: channels-last reads it as it is
             gy = torch.empty_like(x0, dtype=gy.dtype).copy_(gy)
         ref_out.backward(gy.double().cpu())
@@ -338,6 +345,20 @@ def test_nonfinite_other(layout, mode, gen):
     run_and_compare(
         LAYOUTS[layout], mode, torch.float32, torch.float32, gen, nonfinite=("other",),
         label=f"{layout} NaN/Inf in other",
+    )
+
+
+@pytest.mark.parametrize("silu", [True, False], ids=["silu", "mul-sigmoid"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
+@pytest.mark.parametrize("layout", ["2d-per-channel", "4d", "3d-odd-l"])
+def test_infinite_grad_output(layout, dtype, mode, silu, gen):
+    """Autograd through t * sigmoid(t) sums g*s + ((g*t)*(1-s))*s, NaN where
+    g is infinite and t < 0; silu's backward, one product, gives +-Inf
+    there.  The op must follow the spelling its `silu` argument names."""
+    run_and_compare(
+        LAYOUTS[layout], mode, dtype, torch.float32, gen, nonfinite=("gy",), silu=silu,
+        label=f"{layout} +-Inf in grad_output, silu={silu}",
     )
 
 

@@ -164,6 +164,32 @@ class Program(nn.Module):
         {"batch_norm_add_div_swish": 4},
         id="running_stats_version_bumped",
     ),
+    # An infinite gradient (v15 / v6 with zeros in v6) reaching the swish:
+    # autograd through `t * sigmoid(t)` sums g*s + ((g*t)*(1-s))*s, NaN
+    # (inf - inf) where t < 0, while the fused op took silu's one product,
+    # +-inf, and the BN weight and bias gradients differed (seed 11 program
+    # 356).  The pass now tells the op which spelling it replaced.
+    pytest.param(
+        """\
+class Program(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("rm", torch.zeros(5))
+        self.register_buffer("rv", torch.ones(5))
+        self.w = nn.Parameter(torch.randn(5))
+        self.b = nn.Parameter(torch.randn(5))
+    def forward(self, x0):
+        v6 = torch.relu(x0)
+        v11 = F.batch_norm(v6, self.rm, self.rv, self.w, self.b, self.training, 0.3, 1e-05)
+        v14 = (v6 + v11) / 2.5
+        v15 = v14 * torch.sigmoid(v14)
+        return v15 / v6
+""",
+        [[3, 5]],
+        356,
+        {"batch_norm_add_div_swish": 4, "relu": 4},
+        id="swish_product_with_infinite_gradient",
+    ),
 ]
 
 

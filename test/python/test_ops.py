@@ -364,6 +364,52 @@ def test_eval_leaves_running_stats_alone():
     assert torch.equal(rm, before[0]) and torch.equal(rv, before[1])
 
 
+def bn_swish_grads(fused, silu, mode, dtype, gy):
+    """Gradients of x, weight, bias and other through the op (fused) or the
+    eager chain with the given swish spelling, in dtype, with gy."""
+    torch.manual_seed(1)
+    x = signed(4, 3, 6).to(dtype).requires_grad_(True)
+    # Weights of +-8 spread t over +-30: sigmoid rounds to 1 and to 0 there.
+    w = (signed(3) * 8).to(dtype).requires_grad_(True)
+    b, o = signed(3).to(dtype).requires_grad_(True), signed(3, 1).to(dtype).requires_grad_(True)
+    rm, rv = signed(3).to(dtype), positive(3).to(dtype)
+    training = mode == "train"
+    if not fused:
+        t = (F.batch_norm(x, rm, rv, w, b, training, 0.1, 1e-5) + o) / 0.75
+        y = F.silu(t) if silu else t * torch.sigmoid(t)
+    elif mode == "eval_op":
+        y = ops.custom_batch_norm_add_div_swish_eval(x, w, b, rm, rv, 1e-5, o, 0.75, silu)
+    else:
+        y = ops.custom_batch_norm_add_div_swish(x, w, b, rm, rv, training, 0.1, 1e-5, o, 0.75, silu)
+    y.backward(gy.to(dtype))
+    return [v.grad for v in (x, w, b, o)]
+
+
+def nonfinite(t):
+    return torch.stack([t.isnan(), t.isposinf(), t.isneginf()])
+
+
+@pytest.mark.parametrize("dtype", [F64, torch.float32, torch.bfloat16], ids=["f64", "f32", "bf16"])
+@pytest.mark.parametrize("silu", [True, False], ids=["silu", "mul-sigmoid"])
+@pytest.mark.parametrize("mode", ["train", "eval", "eval_op"])
+def test_infinite_grad_follows_the_swish_spelling(mode, silu, dtype):
+    """Autograd through t * sigmoid(t) sums g*s + ((g*t)*(1-s))*s: NaN where
+    g is infinite and t < 0 (inf - inf) or the sigmoid rounds to 1 or 0
+    (inf * 0), where silu's backward mostly gives +-Inf.  The op's `silu`
+    argument names the spelling, and NaN and Inf land where eager puts them."""
+    gy = signed(4, 3, 6)
+    gy.view(-1)[::3] = float("inf") * torch.sign(gy.view(-1)[::3])
+    got = bn_swish_grads(True, silu, mode, dtype, gy)
+    want = bn_swish_grads(False, silu, mode, dtype, gy)
+    for name, g, r in zip(("x", "weight", "bias", "other"), got, want):
+        assert torch.equal(nonfinite(g), nonfinite(r)), f"grad of {name}: NaN/Inf placement differs"
+        if dtype != torch.bfloat16:  # bf16: eager rounds every intermediate
+            torch.testing.assert_close(g, r, equal_nan=True, rtol=1e-4, atol=1e-5)
+    if mode != "train":  # the case must tell the spellings apart
+        other = bn_swish_grads(False, not silu, mode, dtype, gy)
+        assert not torch.equal(nonfinite(want[0]), nonfinite(other[0]))
+
+
 def test_double_backward_is_refused():
     x = signed(3, 4, requires_grad=True)
     w = signed(5, 4, requires_grad=True)

@@ -75,6 +75,32 @@ TEST(FuseBatchNormAddDivSwish, FusesSigmoidFirstAndSilu) {
   expectFused(c);
 }
 
+// The op differentiates the swish as autograd does the spelling it replaced
+// (NaN vs +-Inf where the incoming gradient is infinite): its last argument.
+TEST(FuseBatchNormAddDivSwish, PassesTheSwishSpellingToTheOp) {
+  const std::pair<std::string, bool> spellings[] = {
+      {"%sg : Tensor = aten::sigmoid(%t)\n  %o : Tensor = aten::mul(%t, %sg)", false},
+      {"%sg : Tensor = aten::sigmoid(%t)\n  %o : Tensor = aten::mul(%sg, %t)", false},
+      {"%o : Tensor = aten::silu(%t)", true}};
+  const std::pair<std::string, std::string> modes[] = {
+      {"%training", "torchfuse::custom_batch_norm_add_div_swish"},
+      {"%false", "torchfuse::custom_batch_norm_add_div_swish_eval"}};
+  for (const auto& [training, op] : modes) {
+    for (const auto& [swish, silu] : spellings) {
+      Chain c;
+      c.training = training;
+      c.swish = swish;
+      auto graph = parse(ir(c));
+      ASSERT_EQ(FuseBatchNormAddDivSwish(graph), 1);
+      const torch::jit::Node* fused = graph->outputs()[0]->node();
+      ASSERT_EQ(std::string(fused->kind().toQualString()), op);
+      const auto flag = torch::jit::constant_as<bool>(fused->inputs().back());
+      ASSERT_TRUE(flag.has_value()) << *graph;
+      EXPECT_EQ(*flag, silu) << swish;
+    }
+  }
+}
+
 TEST(FuseBatchNormAddDivSwish, FusesBatchNormAsSecondOperandAndInPlaceAdd) {
   Chain c;
   c.add = "aten::add(%other, %y, %one)";
