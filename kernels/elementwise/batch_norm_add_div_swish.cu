@@ -268,14 +268,15 @@ struct SwishGradArgs {
   bool silu = true;
 };
 
-// s where its rounding r to eager's sigmoid dtype is not 0 or 1, else r.
-// Eager's sigmoid is float32 (silu_backward's opmath) or the input's dtype
-// (the sigmoid tensor of t * sigmoid(t)); where it rounds to 1 or 0, an
-// infinite g meets 1 - s = 0 or s = 0 there and gives NaN, which the more
-// precise s here would turn into +-Inf.
+// For an infinite g: s where its rounding r to eager's sigmoid dtype is not
+// 0 or 1, else r.  Eager's sigmoid is float32 (silu_backward's opmath) or the
+// input's dtype (the sigmoid tensor of t * sigmoid(t)); where it rounds to 1
+// or 0, an infinite g meets 1 - s = 0 or s = 0 and gives NaN, which the more
+// precise s here would turn into +-Inf.  A finite g keeps the precise s:
+// eager's rounding there is an error, not a NaN.
 template <typename S>
-__device__ __forceinline__ S snapSigmoid(S s, float r) {
-  return r == 0.f || r == 1.f ? static_cast<S>(r) : s;
+__device__ __forceinline__ S snapSigmoid(float g, S s, float r) {
+  return isinf(g) && (r == 0.f || r == 1.f) ? static_cast<S>(r) : s;
 }
 
 // g_bn = dout * s' * (1 + t (1 - s')) / d, with t recomputed from x.
@@ -286,7 +287,7 @@ swishGrad(float g, float x, const ChannelCoef& cf, SwishGradArgs ga, float* xm_o
   const float t = fmaf(xm, cf.a, cf.k);
   float s = sigmoidOf<T>(t);
   if (!ga.silu) {
-    s = snapSigmoid(s, toFloat(fromFloat<T>(s)));
+    s = snapSigmoid(g, s, toFloat(fromFloat<T>(s)));
   }
   *xm_out = xm;
   const float gt = ga.silu ? g * s * (1.f + t * (1.f - s)) : g * s + g * t * (1.f - s) * s;
@@ -309,7 +310,7 @@ swishGradF64(float g, float x, const ChannelCoef& cf, SwishGradArgs ga, double* 
   const double k = __dadd_rn(cf.k, cf.k_lo);
   const double t = __fma_rn(xm, a, k);
   const double s_exact = __drcp_rn(__dadd_rn(1.0, exp(-t)));
-  const double s = snapSigmoid(s_exact, __double2float_rn(s_exact));
+  const double s = snapSigmoid(g, s_exact, __double2float_rn(s_exact));
   *xm_out = xm;
   const double gs = __dmul_rn(g, s);
   const double gt = ga.silu

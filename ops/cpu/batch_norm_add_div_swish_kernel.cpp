@@ -128,17 +128,18 @@ batchNormAddDivSwishBackwardComposite(
   }
   const auto t = at::div(at::add(bn, other.to(ct)), divisor);
   auto s = at::sigmoid(t);
+  const auto g_out = grad_output.to(ct);
   // NB: where eager's sigmoid (float32 in silu_backward, the input's dtype as
   // the tensor of t * sigmoid(t)) rounds to 0 or 1, an infinite gradient
-  // meets s = 0 or 1 - s = 0 and gives NaN; s takes that rounding there.
+  // meets s = 0 or 1 - s = 0 and gives NaN; s takes that rounding there (and
+  // only where the gradient is infinite: elsewhere it is just an error).
   const auto eager_dtype = silu ? batchNormOpmathType(input.scalar_type()) : input.scalar_type();
   if (c10::elementSize(eager_dtype) < c10::elementSize(ct)) {
     const auto r = s.to(eager_dtype).to(ct);
-    s = at::where(r.eq(0).logical_or_(r.eq(1)), r, s);
+    s = at::where(r.eq(0).logical_or_(r.eq(1)).logical_and_(g_out.isinf()), r, s);
   }
   // d/dt [t * sigmoid(t)] = s * (1 + t * (1 - s)), in the original's form:
   // silu_backward's one product, or the sum of mul's and sigmoid's backwards.
-  const auto g_out = grad_output.to(ct);
   const auto grad_t =
       silu ? g_out * s * (1 + t * (1 - s)) : g_out * s + g_out * t * (1 - s) * s;
   const auto grad_sum = at::div(grad_t, divisor);
