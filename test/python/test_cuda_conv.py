@@ -89,8 +89,11 @@ def _inputs(name, layout, dtype, seed):
     x = _ints(xs, -2, 2, gen, dtype)
     w = _ints(ws, -1, 1, gen, dtype)
     if layout == "channels-last":
-        x = x.unsqueeze(0) if x.dim() < w.dim() else x
-        x = x.contiguous(memory_format=_channels_last_format(w)).view(xs)
+        fmt = _channels_last_format(w)
+        # NB: squeeze, not view: a view of a batch of one recomputes its
+        # batch stride, which can turn channels-last strides ambiguous.
+        x = x.unsqueeze(0).contiguous(memory_format=fmt).squeeze(0) if x.dim() < w.dim() \
+            else x.contiguous(memory_format=fmt)
     if layout == "weight-cl":
         w = w.contiguous(memory_format=_channels_last_format(w))
     b = _ints((ws[0],), -3, 3, gen, dtype)
