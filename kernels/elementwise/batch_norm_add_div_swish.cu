@@ -268,12 +268,12 @@ struct SwishGradArgs {
   bool silu = true;
 };
 
-// For an infinite g: s where its rounding r to eager's sigmoid dtype is not
-// 0 or 1, else r.  Eager's sigmoid is float32 (silu_backward's opmath) or the
-// input's dtype (the sigmoid tensor of t * sigmoid(t)); where it rounds to 1
-// or 0, an infinite g meets 1 - s = 0 or s = 0 and gives NaN, which the more
-// precise s here would turn into +-Inf.  A finite g keeps the precise s:
-// eager's rounding there is an error, not a NaN.
+// For an infinite g: s where eager's sigmoid r (its formula, in its dtype)
+// is not 0 or 1, else r.  Eager's sigmoid is float32 (silu_backward's
+// opmath) or the input's dtype (the sigmoid tensor of t * sigmoid(t)); where
+// it is 1 or 0, an infinite g meets 1 - s = 0 or s = 0 and gives NaN, which
+// the more precise s here would turn into +-Inf.  A finite g keeps the
+// precise s: eager's rounding there is an error, not a NaN.
 template <typename S>
 __device__ __forceinline__ S snapSigmoid(float g, S s, float r) {
   return isinf(g) && (r == 0.f || r == 1.f) ? static_cast<S>(r) : s;
@@ -310,7 +310,10 @@ swishGradF64(float g, float x, const ChannelCoef& cf, SwishGradArgs ga, double* 
   const double k = __dadd_rn(cf.k, cf.k_lo);
   const double t = __fma_rn(xm, a, k);
   const double s_exact = __drcp_rn(__dadd_rn(1.0, exp(-t)));
-  const double s = snapSigmoid(g, s_exact, __double2float_rn(s_exact));
+  // NB: eager's float32 sigmoid, 1 / (1 + exp(-t)), is 1 from t > 16.64
+  // (1 + e rounds to 1), not from 17.33 where the exact value rounds to 1.
+  const double s =
+      snapSigmoid(g, s_exact, __frcp_rn(__fadd_rn(1.f, expf(-__double2float_rn(t)))));
   *xm_out = xm;
   const double gs = __dmul_rn(g, s);
   const double gt = ga.silu

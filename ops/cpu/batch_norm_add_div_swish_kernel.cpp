@@ -135,7 +135,9 @@ batchNormAddDivSwishBackwardComposite(
   // only where the gradient is infinite: elsewhere it is just an error).
   const auto eager_dtype = silu ? batchNormOpmathType(input.scalar_type()) : input.scalar_type();
   if (c10::elementSize(eager_dtype) < c10::elementSize(ct)) {
-    const auto r = s.to(eager_dtype).to(ct);
+    // NB: eager's own sigmoid, not s rounded: float32's 1 / (1 + exp(-t))
+    // is 1 from t > 16.64, where 1 + exp(-t) rounds to 1, not from 17.33.
+    const auto r = at::sigmoid(t.to(eager_dtype)).to(ct);
     s = at::where(r.eq(0).logical_or_(r.eq(1)).logical_and_(g_out.isinf()), r, s);
   }
   // d/dt [t * sigmoid(t)] = s * (1 + t * (1 - s)), in the original's form:

@@ -394,6 +394,26 @@ def test_infinite_grad_output(layout, dtype, mode, silu, gen):
     )
 
 
+@pytest.mark.parametrize("silu", [True, False], ids=["silu", "mul-sigmoid"])
+@pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
+def test_infinite_grad_where_the_sigmoid_is_one(dtype, silu):
+    """Eager's sigmoid is exactly 1 (float32: from t > 16.64, where 1 +
+    exp(-t) rounds to 1, below 17.33 where the exact value rounds to 1;
+    16-bit: from where it rounds to 1) or 0: an infinite gradient through
+    t * sigmoid(t) meets inf * 0 = NaN there."""
+    t = torch.tensor([5.0, 6.0, 6.5, 7.0, 8.0, 9.0, 16.7, 17.0, 17.2, 17.5, 3.0, -0.5, -90.0], device="cuda")
+    t = t.to(dtype).view(-1, 1)
+    gy = torch.full_like(t, float("inf"))
+    zeros = torch.zeros(1, device="cuda")
+    ones = torch.ones(1, device="cuda") - EPS
+    got_x = t.clone().requires_grad_(True)
+    ops.custom_batch_norm_add_div_swish_eval(got_x, None, None, zeros, ones, EPS, zeros.to(dtype), 1.0, silu).backward(gy)
+    want_x = t.clone().requires_grad_(True)
+    y = torch.batch_norm(want_x, None, None, zeros, ones, False, 0.1, EPS, True)
+    (torch.nn.functional.silu(y) if silu else y * torch.sigmoid(y)).backward(gy)
+    assert torch.equal(nonfinite_pattern(got_x.grad), nonfinite_pattern(want_x.grad)), (got_x.grad, want_x.grad)
+
+
 @pytest.mark.parametrize("dtype", list(DTYPES.values()), ids=list(DTYPES))
 def test_one_value_per_channel(dtype, gen):
     """M = 1 in training: the unbiased variance is 0/0 = NaN, as in aten."""

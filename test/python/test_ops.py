@@ -410,6 +410,22 @@ def test_infinite_grad_follows_the_swish_spelling(mode, silu, dtype):
         assert not torch.equal(nonfinite(want[0]), nonfinite(other[0]))
 
 
+@pytest.mark.parametrize("silu", [True, False], ids=["silu", "mul-sigmoid"])
+def test_infinite_grad_where_the_float32_sigmoid_is_one(silu):
+    """float32's 1 / (1 + exp(-t)) is exactly 1 from t > 16.64 (1 + exp(-t)
+    rounds to 1), below t = 17.33 where the exact sigmoid rounds to 1; there
+    an infinite gradient through t * sigmoid(t) meets inf * (1 - 1) = NaN."""
+    t = torch.tensor([16.7, 17.0, 17.2, 17.5, 3.0, -0.5, -90.0]).view(-1, 1)
+    gy = torch.full_like(t, float("inf"))
+    ones, zeros = torch.ones(1), torch.zeros(1)
+    got_x = t.clone().requires_grad_(True)
+    ops.custom_batch_norm_add_div_swish_eval(got_x, None, None, zeros, ones - 1e-5, 1e-5, zeros, 1.0, silu).backward(gy)
+    want_x = t.clone().requires_grad_(True)
+    y = F.batch_norm(want_x, zeros, ones - 1e-5, None, None, False, 0.1, 1e-5)
+    (F.silu(y) if silu else y * torch.sigmoid(y)).backward(gy)
+    assert torch.equal(nonfinite(got_x.grad), nonfinite(want_x.grad)), (got_x.grad, want_x.grad)
+
+
 def test_double_backward_is_refused():
     x = signed(3, 4, requires_grad=True)
     w = signed(5, 4, requires_grad=True)
