@@ -258,6 +258,136 @@ __device__ __forceinline__ void storePack(T* p, const float (&v)[kUnit]) {
   *reinterpret_cast<Pack<T, kUnit>*>(p) = pack;
 }
 
+// ---- the channels-last route's conversions: dst[b][j][i] = f(j, src[b][i][j])
+
+struct Identity {
+  __device__ __forceinline__ float operator()(int64_t, float v) const {
+    return v;
+  }
+};
+
+// t = v + bias[c]; (t <= 0 ? 0 : t) + alpha * other[c], as reluAdd.
+template <typename T>
+struct BiasReluAdd {
+  const T* bias;
+  const T* other;
+  float alpha;
+  __device__ __forceinline__ float operator()(int64_t c, float v) const {
+    const float t = v + (bias ? load(bias + c) : 0.f);
+    return (!(t <= 0.f) ? t : 0.f) + (other ? alpha * load(other + c) : 0.f);
+  }
+};
+
+// 32x32 tiles, one element per access, for any extents and alignment.
+// Rows beyond gridDim.y tiles and batches beyond gridDim.z loop.
+template <typename T, typename F>
+__global__ void __launch_bounds__(kTile * kRows) transposeKernel(
+    const T* __restrict__ src,
+    T* __restrict__ dst,
+    int64_t batch,
+    int64_t rows,
+    int64_t cols,
+    F f) {
+  __shared__ float tile[kTile][kTile + 1];
+  const int lane = threadIdx.x;
+  const int64_t j0 = int64_t(blockIdx.x) * kTile;
+  for (int64_t b = blockIdx.z; b < batch; b += gridDim.z) {
+    const T* in = src + b * rows * cols;
+    T* o = dst + b * rows * cols;
+    for (int64_t i0 = int64_t(blockIdx.y) * kTile; i0 < rows; i0 += int64_t(gridDim.y) * kTile) {
+      for (int k = threadIdx.y; k < kTile; k += kRows) {
+        if (i0 + k < rows && j0 + lane < cols) {
+          tile[k][lane] = f(j0 + lane, load(in + (i0 + k) * cols + j0 + lane));
+        }
+      }
+      __syncthreads();
+      for (int k = threadIdx.y; k < kTile; k += kRows) {
+        if (j0 + k < cols && i0 + lane < rows) {
+          o[(j0 + k) * rows + i0 + lane] = store<T>(tile[lane][k]);
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+// 64x64 tiles with 16-byte accesses on both sides: rows and cols multiples
+// of kUnit, src and dst 16-byte aligned.  NB: the 32x32 scalar tiles move
+// only 128 bytes per warp access and ran at about half of copy speed on an
+// H200 (kernels/conv/README.md, variant E).
+constexpr int kVecTile = 64;
+
+template <typename T, typename F>
+__global__ void __launch_bounds__(kThreads) transposeVecKernel(
+    const T* __restrict__ src,
+    T* __restrict__ dst,
+    int64_t batch,
+    int64_t rows,
+    int64_t cols,
+    F f) {
+  constexpr int kUnit = 16 / sizeof(T);
+  constexpr int kLanesPerLine = kVecTile / kUnit;       // threads per tile line
+  constexpr int kLinesPerPass = kThreads / kLanesPerLine;
+  __shared__ float tile[kVecTile][kVecTile + 1];
+  const int part = (threadIdx.x % kLanesPerLine) * kUnit;  // offset within a line
+  const int line = threadIdx.x / kLanesPerLine;
+  const int64_t j0 = int64_t(blockIdx.x) * kVecTile;
+  for (int64_t b = blockIdx.z; b < batch; b += gridDim.z) {
+    const T* in = src + b * rows * cols;
+    T* o = dst + b * rows * cols;
+    for (int64_t i0 = int64_t(blockIdx.y) * kVecTile; i0 < rows;
+         i0 += int64_t(gridDim.y) * kVecTile) {
+      float v[kVecTile / kLinesPerPass][kUnit];
+#pragma unroll
+      for (int p = 0; p < kVecTile / kLinesPerPass; ++p) {
+        const int64_t i = i0 + line + p * kLinesPerPass, j = j0 + part;
+        if (i < rows && j < cols) {  // units never straddle cols: cols % kUnit == 0
+          loadPack<T, kUnit>(in + i * cols + j, v[p]);
+        }
+      }
+#pragma unroll
+      for (int p = 0; p < kVecTile / kLinesPerPass; ++p) {
+        const int r = line + p * kLinesPerPass;
+#pragma unroll
+        for (int k = 0; k < kUnit; ++k) {
+          tile[r][part + k] = f(j0 + part + k, v[p][k]);
+        }
+      }
+      __syncthreads();
+#pragma unroll
+      for (int p = 0; p < kVecTile / kLinesPerPass; ++p) {
+        const int c = line + p * kLinesPerPass;
+        const int64_t j = j0 + c, i = i0 + part;
+        if (j < cols && i < rows) {
+#pragma unroll
+          for (int k = 0; k < kUnit; ++k) {
+            v[p][k] = tile[part + k][c];
+          }
+          storePack<T, kUnit>(o + j * rows + i, v[p]);
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+template <typename T, typename F>
+void launchTranspose(
+    const T* src, T* dst, int64_t batch, int64_t rows, int64_t cols, F f, cudaStream_t stream) {
+  if (batch == 0 || rows == 0 || cols == 0) {
+    return;
+  }
+  constexpr int kUnit = 16 / sizeof(T);
+  if (aligned16(src) && aligned16(dst) && rows % kUnit == 0 && cols % kUnit == 0) {
+    const auto vec_tiles = [](int64_t e) { return (e + kVecTile - 1) / kVecTile; };
+    transposeVecKernel<T, F><<<grid(vec_tiles(cols), vec_tiles(rows), batch), kThreads, 0, stream>>>(
+        src, dst, batch, rows, cols, f);
+  } else {
+    transposeKernel<T, F><<<grid(tiles(cols), tiles(rows), batch), dim3(kTile, kRows), 0, stream>>>(
+        src, dst, batch, rows, cols, f);
+  }
+}
+
 // t = conv + b; the mask bit !(t <= 0) (NB: NaN compares false, stays NaN
 // and passes its gradient, as in PyTorch's relu); (keep ? t : 0) + o.
 __device__ __forceinline__ void reluAdd(float& v, float b, float o, uint32_t& bits, int k) {
@@ -582,6 +712,20 @@ void convReluAddGradProloguePositionsInner(
   }
 }
 
+template <typename T>
+void transposeBatched(
+    const T* src, T* dst, int64_t batch, int64_t rows, int64_t cols, cudaStream_t stream) {
+  launchTranspose(src, dst, batch, rows, cols, Identity{}, stream);
+}
+
+template <typename T>
+void convReluAddEpilogueNhwcToNchw(
+    const T* conv, const T* bias, const T* other, float alpha, T* out, int64_t n, int64_t c,
+    int64_t s, cudaStream_t stream) {
+  // per image, the nhwc [S][C] conv output into the nchw [C][S] output
+  launchTranspose(conv, out, n, s, c, BiasReluAdd<T>{bias, other, alpha}, stream);
+}
+
 #define TORCHFUSE_INSTANTIATE(T)                                                         \
   template void convReluAddEpiloguePositionsInner<T>(                                    \
       const T*, const T*, const T*, float, T*, uint32_t*, int64_t, int64_t, int64_t,     \
@@ -594,7 +738,10 @@ void convReluAddGradProloguePositionsInner(
       cudaStream_t);                                                                     \
   template void convReluAddGradPrologueChannelsInner<T>(                                 \
       const T*, bool, const uint32_t*, T*, bool, double*, double*, int64_t, int64_t,     \
-      int64_t, cudaStream_t);
+      int64_t, cudaStream_t);                                                            \
+  template void transposeBatched<T>(const T*, T*, int64_t, int64_t, int64_t, cudaStream_t); \
+  template void convReluAddEpilogueNhwcToNchw<T>(                                        \
+      const T*, const T*, const T*, float, T*, int64_t, int64_t, int64_t, cudaStream_t);
 TORCHFUSE_INSTANTIATE(float)
 TORCHFUSE_INSTANTIATE(__half)
 TORCHFUSE_INSTANTIATE(__nv_bfloat16)

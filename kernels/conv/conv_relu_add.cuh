@@ -105,4 +105,36 @@ void convReluAddGradPrologueChannelsInner(
     int64_t s,
     cudaStream_t stream);
 
+// ---- the channels-last route for nchw inputs, inference only
+// (kernels/conv/README.md, variant E): the convolution runs channels-last;
+// these passes convert around it through shared-memory tiles, with 16-byte
+// accesses on both sides where extents and alignment allow.
+
+// dst[b][j][i] = src[b][i][j] for b < batch, i < rows, j < cols: nchw to
+// nhwc with rows = C and cols = S, nhwc to nchw with rows = S and cols = C.
+template <typename T>
+void transposeBatched(
+    const T* src,
+    T* dst,
+    int64_t batch,
+    int64_t rows,
+    int64_t cols,
+    cudaStream_t stream);
+
+// From the nhwc conv output `conv`, in one pass:
+//   t = conv + bias[c];  out = (t <= 0 ? 0 : t) + alpha * other[c]
+// written nchw.  bias and other (C values each) may be null; out must not
+// overlap conv.
+template <typename T>
+void convReluAddEpilogueNhwcToNchw(
+    const T* conv,
+    const T* bias,
+    const T* other,
+    float alpha,
+    T* out,
+    int64_t n,
+    int64_t c,
+    int64_t s,
+    cudaStream_t stream);
+
 } // namespace torchfuse::kernels

@@ -6,17 +6,29 @@
 //             writing the 1-bit mask, where eager spends three passes;
 //   backward: one pass masking grad_output and summing the conv bias
 //             gradient, then eager's convolution_backward.
-// NB: a channels-last cuDNN convolution would be faster for NCHW inputs, but
-// there cuDNN uses TF32 engines for shapes where its NCHW choice is exact
-// float32, and the result would be less accurate than eager's (see
-// docs/performance.md).
+// NB: the inference forward of a large float32 NCHW convolution that eager
+// itself runs in TF32 takes the channels-last route, which is faster: x
+// converted to NHWC, cuDNN's channels-last convolution, and one pass back to
+// NCHW with the epilogue fused in (kernels/conv/README.md, variant E).
+// Elsewhere it would be less accurate than eager's: for many shapes cuDNN's
+// NCHW choice is exact float32 while its channels-last engines are TF32.
+// Training keeps eager's convolution: there the route saves nothing, and its
+// engine's relu decisions near zero, so the mask and gradients, would
+// differ from eager's where eager's are the reference.
 // Other dtypes run the reference composition; conv outputs that neither
 // epilogue takes run its pointwise part on the convolution already computed.
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/util/accumulate.h>
 #include <torch/library.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
 
 #include "kernels/conv/conv_relu_add.cuh"
 #include "ops/conv_relu_add.h"
@@ -77,6 +89,151 @@ at::Tensor perChannel(
       : at::Tensor();
 }
 
+// ---- variant E: the channels-last route for NCHW inputs
+
+// NB: below this many output elements the route's two extra launches cost
+// more than its passes save (the convolution is launch-bound there).
+constexpr int64_t kRouteMinElements = int64_t(1) << 24;
+
+enum class RouteMode { kAuto, kNever, kAlways };
+
+// TORCHFUSE_CONV_CHANNELS_LAST: unset or "auto"; "never"; "always": the
+// inference forward takes the route wherever its kernels apply, whatever the
+// size or precision (tests use it with inputs that are exact in TF32).
+RouteMode routeMode() {
+  const char* env = std::getenv("TORCHFUSE_CONV_CHANNELS_LAST");
+  if (env == nullptr || std::strcmp(env, "auto") == 0) {
+    return RouteMode::kAuto;
+  }
+  if (std::strcmp(env, "never") == 0) {
+    return RouteMode::kNever;
+  }
+  TORCH_CHECK(
+      std::strcmp(env, "always") == 0,
+      "torchfuse::custom_conv_relu_add: expected the environment variable "
+      "TORCHFUSE_CONV_CHANNELS_LAST to be auto, never or always, got \"", env, "\"");
+  return RouteMode::kAlways;
+}
+
+// Whether eager's convolution of exactly this problem rounds its inputs to
+// TF32.  NB: asked of eager itself, once per problem: ATen caches one plan
+// per problem (sizes, strides, dtype, device, flags), so the convolution of
+// x = 1 + d and w = 1 runs the engine eager runs.  d = 3 * 2^-13 needs 13
+// mantissa bits: TF32 (10) rounds it away under any rounding mode, float32
+// keeps it, so the outputs' sum grows by the factor 1 + d against x = 1
+// exactly when the engine computes in float32.
+bool eagerConvIsTf32(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups) {
+  const auto& ctx = at::globalContext();
+  std::vector<int64_t> key = {
+      input.get_device(), static_cast<int64_t>(input.scalar_type()), groups,
+      ctx.userEnabledCuDNN(), ctx.benchmarkCuDNN(), ctx.deterministicCuDNN(),
+      ctx.deterministicAlgorithms(), ctx.allowTF32CuDNN(at::Float32Op::CONV)};
+  for (const auto list : {input.sizes(), input.strides(), weight.sizes(), weight.strides(),
+                          stride, padding, dilation}) {
+    key.push_back(static_cast<int64_t>(list.size()));
+    key.insert(key.end(), list.begin(), list.end());
+  }
+  static std::mutex mutex;
+  static std::map<std::vector<int64_t>, bool> known;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = known.find(key); it != known.end()) {
+    return it->second;
+  }
+  constexpr double kDelta = 3.0 / 8192;
+  auto x = at::empty_strided(input.sizes(), input.strides(), input.options());
+  const auto w = at::empty_strided(weight.sizes(), weight.strides(), weight.options()).fill_(1);
+  const auto sum = [&](double value) {
+    x.fill_(value);
+    return convolve(x, w, std::nullopt, stride, padding, dilation, groups)
+        .sum(at::kDouble)
+        .item<double>();
+  };
+  const double grown = sum(1 + kDelta) / sum(1);
+  const bool tf32 = grown < 1 + kDelta / 2;
+  known.emplace(std::move(key), tf32);
+  return tf32;
+}
+
+bool takesChannelsLastRoute(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    at::IntArrayRef sizes,
+    bool with_mask) {
+  const auto mode = routeMode();
+  // An NCHW 2-D convolution whose mask would be positions-inner: its output
+  // is NCHW in eager, as the route writes it.
+  if (with_mask || mode == RouteMode::kNever || input.dim() != 4 || weight.dim() != 4 ||
+      !input.is_contiguous() || !weight.is_contiguous() ||
+      convMaskOrder(input, weight) != ConvMaskOrder::PositionsInner ||
+      c10::multiply_integers(sizes) == 0) {
+    return false;
+  }
+  if (mode == RouteMode::kAlways) {
+    return true;
+  }
+  // NB: the probe synchronizes, which a capturing stream does not allow.
+  return input.scalar_type() == at::kFloat && c10::multiply_integers(sizes) >= kRouteMinElements &&
+      at::globalContext().allowTF32CuDNN(at::Float32Op::CONV) &&
+      c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None &&
+      eagerConvIsTf32(input, weight, stride, padding, dilation, groups);
+}
+
+at::Tensor forwardChannelsLast(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    const at::Tensor& other,
+    const at::Scalar& alpha,
+    at::IntArrayRef sizes) {
+  c10::cuda::CUDAGuard guard(input.device());
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  const auto dtype = input.scalar_type();
+  const int64_t images = input.size(0), in_channels = input.size(1);
+  auto x = at::empty_like(input, at::MemoryFormat::ChannelsLast);
+  DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add", [&] {
+    kernels::transposeBatched(
+        cudaPtr<scalar_t>(input), cudaPtr<scalar_t>(x), images, in_channels,
+        input.numel() / std::max<int64_t>(1, images * in_channels), stream);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  auto conv = convolve(
+      x, weight.contiguous(at::MemoryFormat::ChannelsLast), std::nullopt, stride, padding,
+      dilation, groups);
+  x.reset();
+  if (!conv.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+    conv = conv.contiguous(at::MemoryFormat::ChannelsLast);  // not seen: the epilogue reads NHWC
+  }
+  const auto e = convExtents(sizes, /*batched=*/true);
+  auto out = at::empty(sizes, input.options());
+  const auto channel_other = perChannel(other, sizes, 1, dtype);
+  const at::Tensor b = bias && bias->defined() ? bias->contiguous() : at::Tensor();
+  DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add", [&] {
+    kernels::convReluAddEpilogueNhwcToNchw(
+        cudaPtr<scalar_t>(conv), b.defined() ? cudaPtr<scalar_t>(b) : nullptr,
+        channel_other.defined() ? cudaPtr<scalar_t>(channel_other) : nullptr, alpha.toFloat(),
+        cudaPtr<scalar_t>(out), e.images, e.channels, e.positions, stream);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (!channel_other.defined()) {
+    out = at::add(out, other, alpha);  // as in forwardCuda
+  }
+  return out;
+}
+
 std::tuple<at::Tensor, at::Tensor> forwardCuda(
     const at::Tensor& input,
     const at::Tensor& weight,
@@ -91,6 +248,13 @@ std::tuple<at::Tensor, at::Tensor> forwardCuda(
   const auto sizes =
       checkConvReluAddInputs(input, weight, bias, stride, padding, dilation, groups, other);
   const bool usable = kernelInputs(input, weight, bias);
+  if (usable &&
+      takesChannelsLastRoute(input, weight, stride, padding, dilation, groups, sizes, with_mask)) {
+    return {
+        forwardChannelsLast(
+            input, weight, bias, stride, padding, dilation, groups, other, alpha, sizes),
+        at::Tensor()};
+  }
   auto out = usable ? convolve(input, weight, std::nullopt, stride, padding, dilation, groups)
                     : at::Tensor();
   const bool batched = input.dim() == weight.dim();

@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cuda_utils import CUDA_ONLY, nbytes_of, poison_allocator, run_memcheck, tf32_flags  # noqa: E402
+from cuda_utils import CUDA_ONLY, nbytes_of, poison_allocator, rel_err, run_memcheck, tf32_flags  # noqa: E402
 
 import torchfuse  # noqa: E402,F401  (registers torch.ops.torchfuse)
 
@@ -52,6 +52,9 @@ SHAPES = {
     "s64-c16": ((2, 2, 8, 8), (16, 2, 3, 3), 1),  # [2, 16, 8, 8]: whole vectors and words
     "s16384-chunks": ((1, 2, 130, 130), (2, 2, 3, 3), 0),  # [1, 2, 128, 128]: rows in chunks
     "s16383-chunks": ((1, 2, 129, 131), (3, 2, 3, 3), 0),  # [1, 3, 127, 129]: odd rows in chunks
+    # [3, 24, 8, 10]: channels and positions (in and out) in whole 16-byte
+    # units, for the channels-last route's vector tiles, partly filled
+    "vec-c8": ((3, 8, 10, 12), (24, 8, 3, 3), 0),
     "1d": ((3, 2, 37), (5, 2, 3), 0),  # [3, 5, 35]
     "3d": ((2, 2, 5, 6, 7), (6, 2, 3, 3, 3), 0),  # [2, 6, 3, 4, 5]
     "unbatched": ((2, 9, 10), (5, 2, 3, 3), 0),  # [5, 7, 8]
@@ -337,9 +340,108 @@ def test_composite_layouts_match_eager(name, layout):
                         names=("input", "weight", "bias", "other"))
 
 
+# The channels-last route for NCHW inputs (variant E in kernels/conv/README.md),
+# inference forward only: x converted to NHWC, cuDNN's channels-last
+# convolution, one pass back to NCHW with the epilogue.  By default it runs
+# only for large float32 convolutions that eager runs in TF32;
+# TORCHFUSE_CONV_CHANNELS_LAST=always forces it wherever its kernels apply,
+# so the exact small-integer tests above check its output bit for bit.
+ROUTE = "TORCHFUSE_CONV_CHANNELS_LAST"
+ROUTE_CASES = [n for n, (xs, ws, _) in SHAPES.items() if len(xs) == 4 and len(ws) == 4]
+
+
+def _route_ran(fn) -> bool:
+    """Whether fn() ran the route's NHWC-to-NCHW conversion (profiler)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Profiler clears events")
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=activities) as prof:
+            fn()
+            torch.cuda.synchronize()
+    return any("BiasReluAdd" in e.name for e in prof.events())
+
+
+@pytest.mark.parametrize("dtype", list(DTYPES))
+@pytest.mark.parametrize("name", ROUTE_CASES)
+def test_channels_last_route_forward(name, dtype, monkeypatch):
+    """The route's output equals the definition; the forward that returns a
+    mask (training) keeps eager's convolution."""
+    monkeypatch.setenv(ROUTE, "always")
+    x, w, b, other, args = _inputs(name, "nchw", DTYPES[dtype], seed=1)
+    assert _route_ran(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 1.0))
+    assert not _route_ran(lambda: ops.custom_conv_relu_add_forward(x, w, b, *args, other, 1.0))
+    test_forward_mask_follows_the_documented_order(name, "nchw", dtype)
+
+
+@pytest.mark.parametrize("name", ["s99-c40", "s16383-chunks"])
+def test_channels_last_route_with_full_other(name, monkeypatch):
+    """A full-size `other` (not per channel) is added after the pass, with
+    alpha, as eager adds it."""
+    monkeypatch.setenv(ROUTE, "always")
+    x, w, b, _, args = _inputs(name, "nchw", torch.float32, seed=12)
+    t = _pre_activation(x, w, b, args)
+    other = torch.randint(-3, 4, t.shape, device="cuda").float()
+    poison_allocator([t.numel() * 4])
+    with torch.no_grad():
+        assert _route_ran(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 0.5))
+        out = ops.custom_conv_relu_add(x, w, b, *args, other, 0.5)
+    assert torch.equal(out, torch.relu(t) + 0.5 * other)
+
+
+def test_channels_last_route_not_in_training(monkeypatch):
+    monkeypatch.setenv(ROUTE, "always")
+    x, w, b, other, args = _inputs("s64-c16", "nchw", torch.float32, seed=1)
+    w.requires_grad_(True)
+    assert not _route_ran(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 1.0))
+    with torch.no_grad():
+        assert _route_ran(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 1.0))
+
+
+def test_channels_last_route_never(monkeypatch):
+    monkeypatch.setenv(ROUTE, "never")
+    x, w, b, other, args = _inputs("s64-c16", "nchw", torch.float32, seed=1)
+    assert not _route_ran(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 1.0))
+
+
+def test_channels_last_route_rejects_unknown_setting(monkeypatch):
+    monkeypatch.setenv(ROUTE, "yes")
+    x, w, b, other, args = _inputs("s64-c16", "nchw", torch.float32, seed=1)
+    with pytest.raises(RuntimeError, match="TORCHFUSE_CONV_CHANNELS_LAST to be auto, never or always, got \"yes\""):
+        ops.custom_conv_relu_add(x, w, b, *args, other, 1.0)
+
+
+@pytest.mark.parametrize("cudnn_tf32", [True, False])
+def test_channels_last_route_only_where_eager_is_tf32(cudnn_tf32, monkeypatch):
+    """By default the route runs exactly where eager's own NCHW convolution
+    is TF32 (so both round alike) and cuDNN may use TF32, and then its error
+    against float64 is at most 2x eager's.  Eager's precision is read off
+    its error here, independently of the op's probe: float32 engines are
+    near 1e-7, TF32 ones near 1e-4."""
+    monkeypatch.delenv(ROUTE, raising=False)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(11)
+    # a 2^24-element output: the smallest the route takes
+    x = torch.randn(32, 64, 66, 66, generator=gen, device="cuda")
+    w = torch.randn(128, 64, 3, 3, generator=gen, device="cuda") / 24
+    b = torch.randn(128, generator=gen, device="cuda")
+    other = torch.randn(128, 1, 1, generator=gen, device="cuda")
+    args = ([1, 1], [0, 0], [1, 1], 1)
+    ref = torch.relu(F.conv2d(x.double(), w.double(), b.double())) + other.double()
+    with tf32_flags(None, cudnn_tf32), torch.no_grad():
+        eager = torch.relu(F.conv2d(x, w, b)) + other
+        poison_allocator([ref.numel() * 4])
+        ran = _route_ran(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 1.0))
+        out = ops.custom_conv_relu_add(x, w, b, *args, other, 1.0)
+    eager_err, err = rel_err(eager, ref), rel_err(out, ref)
+    eager_tf32 = eager_err > 1e-5
+    assert ran == (cudnn_tf32 and eager_tf32), (ran, eager_err)
+    assert err <= 2 * eager_err, f"error {err:.3e} vs eager's {eager_err:.3e}"
+    assert out.is_contiguous()
+
+
 SANITIZER_CASE = textwrap.dedent(
     """
-    import torch, torchfuse
+    import os, torch, torchfuse
     ops = torch.ops.torchfuse
     torch.manual_seed(0)
     shapes = [((3, 2, 11, 13), (40, 2, 3, 3)), ((5, 2, 3, 3), (7, 2, 3, 3)),
@@ -363,6 +465,19 @@ SANITIZER_CASE = textwrap.dedent(
                 for g in (gy, gy.contiguous(memory_format=torch.channels_last_3d if gy.dim() == 5
                                             else torch.channels_last), buf[1:].view(out.shape)):
                     ops.custom_conv_relu_add_backward(g, mask, x, w, *args, [True, True, True])
+    # the channels-last route (NCHW 2-d inputs), forced
+    os.environ["TORCHFUSE_CONV_CHANNELS_LAST"] = "always"
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for xs, ws in shapes[:5] + [((3, 8, 10, 12), (24, 8, 3, 3))]:
+            x = torch.randn(*xs, device="cuda", dtype=dtype)
+            w = torch.randn(*ws, device="cuda", dtype=dtype)
+            b = torch.randn(ws[0], device="cuda", dtype=dtype)
+            o = torch.randn(ws[0], 1, 1, device="cuda", dtype=dtype)
+            args = ([1, 1], [0, 0], [1, 1], 1)
+            ops.custom_conv_relu_add(x, w, b, *args, o, 1.0)
+            buf = torch.empty(x.numel() + 1, device="cuda", dtype=dtype)  # scalar tiles
+            buf[1:].copy_(x.reshape(-1))
+            ops.custom_conv_relu_add(buf[1:].view(x.shape), w, b, *args, o, 1.0)
     torch.cuda.synchronize()
     print("SANITIZER_CASE_DONE")
     """

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""custom_conv_relu_add's variants and their pieces on the conv_relu_bias
+workload, in one run (kernels/conv/README.md records the results).
+
+    python bench/conv_variants.py [--reps 25] [--json OUT.json]
+
+x[128, 64, 128, 128] float32 NCHW, Conv2d 64->128 3x3 with bias, relu, +
+b2[128, 1, 1], under PyTorch's default flags (cuDNN TF32 allowed).  Times are
+CUDA-event medians of --reps runs after 3 warm-ups.  Variants of the op:
+C (TORCHFUSE_CONV_CHANNELS_LAST=never: eager's NCHW convolution and one
+streaming pass) and E (=always: the channels-last route, which only the
+inference forward takes); errors are against a float64 reference computed
+on the GPU, next to eager's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
+import torchfuse  # noqa: E402,F401
+
+ops = torch.ops.torchfuse
+ROUTE = "TORCHFUSE_CONV_CHANNELS_LAST"
+
+
+def median_ms(fn, reps: int) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((x.double() - ref).abs().max() / ref.abs().max()).item()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reps", type=int, default=25)
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args()
+    if args.reps < 20:
+        ap.error("--reps must be at least 20")
+    torch.manual_seed(0)
+    dev = "cuda"
+    x = torch.randn(128, 64, 128, 128, device=dev)
+    w = torch.randn(128, 64, 3, 3, device=dev) / 24
+    b1 = torch.randn(128, device=dev)
+    b2 = torch.randn(128, 1, 1, device=dev)
+    conv_args = ([1, 1], [0, 0], [1, 1], 1)
+    gy = torch.randn(128, 128, 126, 126, device=dev)
+    rows: dict[str, float] = {}
+    errors: dict[str, float] = {}
+
+    def op(mode: str, with_grad: bool):
+        os.environ[ROUTE] = mode
+        if not with_grad:
+            return lambda: ops.custom_conv_relu_add(x, w, b1, *conv_args, b2, 1.0)
+        leaves = [t.detach().requires_grad_(True) for t in (x, w, b1, b2)]
+
+        def run():
+            for t in leaves:
+                t.grad = None
+            ops.custom_conv_relu_add(leaves[0], leaves[1], leaves[2], *conv_args, leaves[3], 1.0).backward(gy)
+        return run
+
+    def eager_fwdbwd():
+        leaves = [t.detach().requires_grad_(True) for t in (x, w, b1, b2)]
+
+        def run():
+            for t in leaves:
+                t.grad = None
+            (torch.relu(F.conv2d(leaves[0], leaves[1], leaves[2])) + leaves[3]).backward(gy)
+        return run
+
+    with torch.no_grad():
+        ref = torch.relu(F.conv2d(x.double(), w.double(), b1.double())) + b2.double()
+        eager = torch.relu(F.conv2d(x, w, b1)) + b2
+        errors["eager"] = rel_err(eager, ref)
+        del eager
+        for name, mode in (("C", "never"), ("E", "always")):
+            os.environ[ROUTE] = mode
+            errors[name] = rel_err(ops.custom_conv_relu_add(x, w, b1, *conv_args, b2, 1.0), ref)
+        del ref
+        torch.cuda.empty_cache()
+        xl = x.contiguous(memory_format=torch.channels_last)
+        wl = w.contiguous(memory_format=torch.channels_last)
+        yl = F.conv2d(xl, wl)
+        out = torch.empty(128, 128, 126, 126, device=dev)
+        src = torch.empty_like(out)
+        rows["eager fwd"] = median_ms(lambda: torch.relu(F.conv2d(x, w, b1)) + b2, args.reps)
+        rows["conv2d NCHW (no bias)"] = median_ms(lambda: F.conv2d(x, w), args.reps)
+        rows["conv2d channels-last (no bias)"] = median_ms(lambda: F.conv2d(xl, wl), args.reps)
+        rows["x to channels-last, ATen"] = median_ms(lambda: x.contiguous(memory_format=torch.channels_last), args.reps)
+        rows["output copy, same layout (copy speed)"] = median_ms(lambda: out.copy_(src), args.reps)
+        rows["output channels-last to NCHW, ATen"] = median_ms(lambda: out.copy_(yl), args.reps)
+        rows["op fwd, C"] = median_ms(op("never", False), args.reps)
+        rows["op fwd, E"] = median_ms(op("always", False), args.reps)
+    rows["eager fwd+bwd"] = median_ms(eager_fwdbwd(), args.reps)
+    rows["op fwd+bwd, C"] = median_ms(op("never", True), args.reps)
+    os.environ.pop(ROUTE)
+
+    # the route's own kernels, from the profiler
+    with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            op("always", False)()
+        torch.cuda.synchronize()
+    kernels: dict[str, list[float]] = {}
+    for e in prof.events():
+        for key in ("Identity", "BiasReluAdd"):
+            if key in e.name:
+                kernels.setdefault(key, []).append(e.time_range.elapsed_us() / 1e3)
+    names = {"Identity": "kernel: x to NHWC", "BiasReluAdd": "kernel: NHWC output to NCHW with epilogue"}
+    for key, ts in kernels.items():
+        rows[names[key]] = statistics.median(ts)
+
+    width = max(map(len, rows))
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
+    for k, v in rows.items():
+        print(f"  {k:{width}s} {v:8.3f} ms")
+    print("  error vs float64: " + ", ".join(f"{k} {v:.3e}" for k, v in errors.items()))
+    print(f"  fwd speed-up vs eager: C {rows['eager fwd'] / rows['op fwd, C']:.2f}x, "
+          f"E {rows['eager fwd'] / rows['op fwd, E']:.2f}x; fwd+bwd: "
+          f"C {rows['eager fwd+bwd'] / rows['op fwd+bwd, C']:.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                       "reps": args.reps, "statistic": "median", "ms": rows, "rel_err_vs_float64": errors}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
