@@ -348,9 +348,12 @@ __global__ void __launch_bounds__(kThreads) transposeVecKernel(
 #pragma unroll
       for (int p = 0; p < kVecTile / kLinesPerPass; ++p) {
         const int r = line + p * kLinesPerPass;
+        // NB: f reads per-column values: only for columns that exist.
+        if (i0 + r < rows && j0 + part < cols) {
 #pragma unroll
-        for (int k = 0; k < kUnit; ++k) {
-          tile[r][part + k] = f(j0 + part + k, v[p][k]);
+          for (int k = 0; k < kUnit; ++k) {
+            tile[r][part + k] = f(j0 + part + k, v[p][k]);
+          }
         }
       }
       __syncthreads();

@@ -201,16 +201,19 @@ def compute_sanitizer() -> Optional[str]:
 
 def run_memcheck(case_source: str, script_path) -> None:
     """Runs case_source (a Python script that prints SANITIZER_CASE_DONE at
-    its end) under compute-sanitizer memcheck and asserts that it finished
-    with 0 errors.  Skips (pytest.skip) where compute-sanitizer is missing."""
+    its end) under compute-sanitizer memcheck, without the caching
+    allocator, and asserts that it finished with 0 errors.  Skips (pytest.skip) where compute-sanitizer is missing."""
     tool = compute_sanitizer()
     if tool is None:
         pytest.skip("compute-sanitizer not found on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin")
     script_path.write_text(case_source)
     cmd = [tool, "--tool", "memcheck", "--leak-check", "no", "--error-exitcode", "99",
            sys.executable, str(script_path)]
+    # NB: one cudaMalloc per tensor, so that a read past a tensor's end is
+    # outside every allocation: inside a cached block memcheck sees none.
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True,
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
                               timeout=float(os.environ.get("TORCHFUSE_SANITIZER_TIMEOUT", 180)))
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"compute-sanitizer timed out after {e.timeout} s")
