@@ -211,14 +211,20 @@ def run_memcheck(case_source: str, script_path) -> None:
            sys.executable, str(script_path)]
     # NB: one cudaMalloc per tensor, so that a read past a tensor's end is
     # outside every allocation: inside a cached block memcheck sees none.
+    # The suite's own cached blocks go back first: the case and the
+    # sanitizer need device memory beside this process.
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1")
+    torch.cuda.empty_cache()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env,
                               timeout=float(os.environ.get("TORCHFUSE_SANITIZER_TIMEOUT", 180)))
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"compute-sanitizer timed out after {e.timeout} s")
     out = proc.stdout + proc.stderr
-    tail = out[-4000:]
+    # memcheck's own report first: a failing case's traceback can push it out
+    # of the tail
+    report = "\n".join(line for line in proc.stdout.splitlines() if line.startswith("========="))
+    tail = report[:3000] + "\n...\n" + out[-2000:]
     assert "SANITIZER_CASE_DONE" in out, f"the case did not finish (rc {proc.returncode}):\n{tail}"
     assert "ERROR SUMMARY: 0 errors" in out, f"memcheck reported errors (rc {proc.returncode}):\n{tail}"
     assert proc.returncode == 0, f"rc {proc.returncode}:\n{tail}"
