@@ -170,19 +170,19 @@ bool takesChannelsLastRoute(
     at::IntArrayRef sizes,
     bool with_mask) {
   const auto mode = routeMode();
+  const int64_t elements = c10::multiply_integers(sizes);
   // An NCHW 2-D convolution whose mask would be positions-inner: its output
   // is NCHW in eager, as the route writes it.
   if (with_mask || mode == RouteMode::kNever || input.dim() != 4 || weight.dim() != 4 ||
       !input.is_contiguous() || !weight.is_contiguous() ||
-      convMaskOrder(input, weight) != ConvMaskOrder::PositionsInner ||
-      c10::multiply_integers(sizes) == 0) {
+      convMaskOrder(input, weight) != ConvMaskOrder::PositionsInner || elements == 0) {
     return false;
   }
   if (mode == RouteMode::kAlways) {
     return true;
   }
   // NB: the probe synchronizes, which a capturing stream does not allow.
-  return input.scalar_type() == at::kFloat && c10::multiply_integers(sizes) >= kRouteMinElements &&
+  return input.scalar_type() == at::kFloat && elements >= kRouteMinElements &&
       at::globalContext().allowTF32CuDNN(at::Float32Op::CONV) &&
       c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None &&
       eagerConvIsTf32(input, weight, stride, padding, dilation, groups);

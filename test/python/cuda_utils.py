@@ -202,7 +202,8 @@ def compute_sanitizer() -> Optional[str]:
 def run_memcheck(case_source: str, script_path) -> None:
     """Runs case_source (a Python script that prints SANITIZER_CASE_DONE at
     its end) under compute-sanitizer memcheck, without the caching
-    allocator, and asserts that it finished with 0 errors.  Skips (pytest.skip) where compute-sanitizer is missing."""
+    allocator, and asserts that it finished with 0 errors.  Skips
+    (pytest.skip) where compute-sanitizer is missing."""
     tool = compute_sanitizer()
     if tool is None:
         pytest.skip("compute-sanitizer not found on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin")
