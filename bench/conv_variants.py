@@ -8,9 +8,11 @@ x[128, 64, 128, 128] float32 NCHW, Conv2d 64->128 3x3 with bias, relu, +
 b2[128, 1, 1], under PyTorch's default flags (cuDNN TF32 allowed).  Times are
 CUDA-event medians of --reps runs after 3 warm-ups.  Variants of the op:
 C (TORCHFUSE_CONV_CHANNELS_LAST=never: eager's NCHW convolution and one
-streaming pass) and E (=always: the channels-last route, which only the
-inference forward takes); errors are against a float64 reference computed
-on the GPU, next to eager's.
+streaming pass), E (=always with TORCHFUSE_CONV_IMPLICIT_GEMM=never: the
+channels-last route with cuDNN's convolution) and F (=always: the route
+with the sm_90 implicit-GEMM kernel); only the inference forward takes the
+route.  Errors are against a float64 reference computed on the GPU, next
+to eager's.
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ import torchfuse  # noqa: E402,F401
 
 ops = torch.ops.torchfuse
 ROUTE = "TORCHFUSE_CONV_CHANNELS_LAST"
+IMPLICIT_GEMM = "TORCHFUSE_CONV_IMPLICIT_GEMM"
+VARIANTS = {"C": ("never", "never"), "E": ("always", "never"), "F": ("always", "auto")}
+
+
+def select(variant: str) -> None:
+    os.environ[ROUTE], os.environ[IMPLICIT_GEMM] = VARIANTS[variant]
 
 
 def median_ms(fn, reps: int) -> float:
@@ -67,8 +75,8 @@ def main() -> int:
     rows: dict[str, float] = {}
     errors: dict[str, float] = {}
 
-    def op(mode: str, with_grad: bool):
-        os.environ[ROUTE] = mode
+    def op(variant: str, with_grad: bool):
+        select(variant)
         if not with_grad:
             return lambda: ops.custom_conv_relu_add(x, w, b1, *conv_args, b2, 1.0)
         leaves = [t.detach().requires_grad_(True) for t in (x, w, b1, b2)]
@@ -93,8 +101,8 @@ def main() -> int:
         eager = torch.relu(F.conv2d(x, w, b1)) + b2
         errors["eager"] = rel_err(eager, ref)
         del eager
-        for name, mode in (("C", "never"), ("E", "always")):
-            os.environ[ROUTE] = mode
+        for name in VARIANTS:
+            select(name)
             errors[name] = rel_err(ops.custom_conv_relu_add(x, w, b1, *conv_args, b2, 1.0), ref)
         del ref
         torch.cuda.empty_cache()
@@ -109,25 +117,33 @@ def main() -> int:
         rows["x to channels-last, ATen"] = median_ms(lambda: x.contiguous(memory_format=torch.channels_last), args.reps)
         rows["output copy, same layout (copy speed)"] = median_ms(lambda: out.copy_(src), args.reps)
         rows["output channels-last to NCHW, ATen"] = median_ms(lambda: out.copy_(yl), args.reps)
-        rows["op fwd, C"] = median_ms(op("never", False), args.reps)
-        rows["op fwd, E"] = median_ms(op("always", False), args.reps)
+        for name in VARIANTS:
+            rows[f"op fwd, {name}"] = median_ms(op(name, False), args.reps)
     rows["eager fwd+bwd"] = median_ms(eager_fwdbwd(), args.reps)
-    rows["op fwd+bwd, C"] = median_ms(op("never", True), args.reps)
-    os.environ.pop(ROUTE)
+    rows["op fwd+bwd, C"] = median_ms(op("C", True), args.reps)
 
-    # the route's own kernels, from the profiler
-    with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
-            op("always", False)()
-        torch.cuda.synchronize()
+    # the routes' own kernels, from the profiler
+    names = {"Identity": "kernel: x to NHWC (E)",
+             "BiasReluAdd": "kernel: NHWC output to NCHW with epilogue (E)",
+             "RoundTf32": "kernel: x to NHWC rounded to TF32 (F; also the weight)",
+             "implicitGemmKernel": "kernel: implicit-GEMM conv with epilogue (F)"}
     kernels: dict[str, list[float]] = {}
-    for e in prof.events():
-        for key in ("Identity", "BiasReluAdd"):
-            if key in e.name:
-                kernels.setdefault(key, []).append(e.time_range.elapsed_us() / 1e3)
-    names = {"Identity": "kernel: x to NHWC", "BiasReluAdd": "kernel: NHWC output to NCHW with epilogue"}
+    for variant in ("E", "F"):
+        with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                op(variant, False)()
+            torch.cuda.synchronize()
+        for e in prof.events():
+            for key in names:
+                if key in e.name:
+                    kernels.setdefault(key, []).append(e.time_range.elapsed_us() / 1e3)
+    os.environ.pop(ROUTE)
+    os.environ.pop(IMPLICIT_GEMM)
     for key, ts in kernels.items():
-        rows[names[key]] = statistics.median(ts)
+        # RoundTf32 runs twice per call (x, then the small weight): the max
+        # of each pair is x's
+        rows[names[key]] = statistics.median(max(ts[i:i + 2]) for i in range(0, len(ts), 2)) \
+            if key == "RoundTf32" else statistics.median(ts)
 
     width = max(map(len, rows))
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
@@ -135,7 +151,7 @@ def main() -> int:
         print(f"  {k:{width}s} {v:8.3f} ms")
     print("  error vs float64: " + ", ".join(f"{k} {v:.3e}" for k, v in errors.items()))
     print(f"  fwd speed-up vs eager: C {rows['eager fwd'] / rows['op fwd, C']:.2f}x, "
-          f"E {rows['eager fwd'] / rows['op fwd, E']:.2f}x; fwd+bwd: "
+          f"E {rows['eager fwd'] / rows['op fwd, E']:.2f}x, F {rows['eager fwd'] / rows['op fwd, F']:.2f}x; fwd+bwd: "
           f"C {rows['eager fwd+bwd'] / rows['op fwd+bwd, C']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:

@@ -266,6 +266,15 @@ struct Identity {
   }
 };
 
+// v rounded to TF32, to nearest with ties away from zero (cvt.rna).
+struct RoundTf32 {
+  __device__ __forceinline__ float operator()(int64_t, float v) const {
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return __uint_as_float(r);
+  }
+};
+
 // t = v + bias[c]; (t <= 0 ? 0 : t) + alpha * other[c], as reluAdd.
 template <typename T>
 struct BiasReluAdd {
@@ -719,6 +728,11 @@ template <typename T>
 void transposeBatched(
     const T* src, T* dst, int64_t batch, int64_t rows, int64_t cols, cudaStream_t stream) {
   launchTranspose(src, dst, batch, rows, cols, Identity{}, stream);
+}
+
+void transposeBatchedTf32(
+    const float* src, float* dst, int64_t batch, int64_t rows, int64_t cols, cudaStream_t stream) {
+  launchTranspose(src, dst, batch, rows, cols, RoundTf32{}, stream);
 }
 
 template <typename T>

@@ -121,6 +121,17 @@ void transposeBatched(
     int64_t cols,
     cudaStream_t stream);
 
+// transposeBatched for float32, each value rounded to TF32 on the way
+// (nearest, ties away from zero): the inputs of the implicit-GEMM
+// convolution (implicit_gemm_sm90.cuh), whose MMAs would truncate them.
+void transposeBatchedTf32(
+    const float* src,
+    float* dst,
+    int64_t batch,
+    int64_t rows,
+    int64_t cols,
+    cudaStream_t stream);
+
 // From the nhwc conv output `conv`, in one pass:
 //   t = conv + bias[c];  out = (t <= 0 ? 0 : t) + alpha * other[c]
 // written nchw.  bias and other (C values each) may be null; out must not

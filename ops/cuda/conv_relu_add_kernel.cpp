@@ -9,7 +9,9 @@
 // NB: the inference forward of a large float32 NCHW convolution that eager
 // itself runs in TF32 takes the channels-last route, which is faster: x
 // converted to NHWC, cuDNN's channels-last convolution, and one pass back to
-// NCHW with the epilogue fused in (kernels/conv/README.md, variant E).
+// NCHW with the epilogue fused in (kernels/conv/README.md, variant E); on
+// sm_90, where the problem fits it, our implicit-GEMM kernel replaces the
+// last two with one that writes NCHW with the epilogue fused (variant F).
 // Elsewhere it would be less accurate than eager's: for many shapes cuDNN's
 // NCHW choice is exact float32 while its channels-last engines are TF32.
 // Training keeps eager's convolution: there the route saves nothing, and its
@@ -25,12 +27,15 @@
 #include <c10/util/accumulate.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "kernels/conv/conv_relu_add.cuh"
+#include "kernels/conv/implicit_gemm_sm90.cuh"
 #include "ops/conv_relu_add.h"
 #include "ops/cuda/cuda_types.h"
 
@@ -188,6 +193,49 @@ bool takesChannelsLastRoute(
       eagerConvIsTf32(input, weight, stride, padding, dilation, groups);
 }
 
+// TORCHFUSE_CONV_IMPLICIT_GEMM: unset or "auto": the route convolves with
+// our sm_90 implicit-GEMM kernel wherever it takes the problem (variant F);
+// "never": always with cuDNN's channels-last convolution (variant E).
+bool implicitGemmAllowed() {
+  const char* env = std::getenv("TORCHFUSE_CONV_IMPLICIT_GEMM");
+  if (env == nullptr || std::strcmp(env, "auto") == 0) {
+    return true;
+  }
+  TORCH_CHECK(
+      std::strcmp(env, "never") == 0,
+      "torchfuse::custom_conv_relu_add: expected the environment variable "
+      "TORCHFUSE_CONV_IMPLICIT_GEMM to be auto or never, got \"", env, "\"");
+  return false;
+}
+
+// The route's problem as the implicit-GEMM kernel sees it, where that kernel
+// takes it: float32 under cuDNN's TF32 flag (the kernel is TF32 only), one
+// group, stride and dilation 1.
+std::optional<kernels::ImplicitGemmConv> implicitGemmProblem(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    at::IntArrayRef sizes) {
+  const auto ones = [](at::IntArrayRef v) {
+    return std::all_of(v.begin(), v.end(), [](int64_t e) { return e == 1; });
+  };
+  if (input.scalar_type() != at::kFloat || groups != 1 || padding.size() != 2 || !ones(stride) ||
+      !ones(dilation) || !at::globalContext().allowTF32CuDNN(at::Float32Op::CONV) ||
+      !implicitGemmAllowed()) {
+    return std::nullopt;
+  }
+  const kernels::ImplicitGemmConv g{
+      input.size(0), input.size(1),  input.size(2), input.size(3), weight.size(0), weight.size(2),
+      weight.size(3), padding[0],    padding[1],    sizes[2],      sizes[3]};
+  if (!kernels::implicitGemmConvTakes(g)) {
+    return std::nullopt;
+  }
+  return g;
+}
+
 at::Tensor forwardChannelsLast(
     const at::Tensor& input,
     const at::Tensor& weight,
@@ -203,6 +251,33 @@ at::Tensor forwardChannelsLast(
   const auto stream = at::cuda::getCurrentCUDAStream();
   const auto dtype = input.scalar_type();
   const int64_t images = input.size(0), in_channels = input.size(1);
+  const auto channel_other = perChannel(other, sizes, 1, dtype);
+  const at::Tensor b = bias && bias->defined() ? bias->contiguous() : at::Tensor();
+  if (const auto g = implicitGemmProblem(input, weight, stride, padding, dilation, groups, sizes)) {
+    // Variant F: x to nhwc and the weight to [k][r][s][c], both rounded to
+    // TF32, then one kernel for the convolution and the epilogue.
+    auto x = at::empty_like(input, at::MemoryFormat::ChannelsLast);
+    auto w = at::empty({g->k, g->r, g->s, g->c}, weight.options());
+    kernels::transposeBatchedTf32(
+        cudaPtr<float>(input), cudaPtr<float>(x), g->n, g->c, g->h * g->w, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    kernels::transposeBatchedTf32(
+        cudaPtr<float>(weight), cudaPtr<float>(w), g->k, g->c, g->r * g->s, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    auto out = at::empty(sizes, input.options());
+    TORCH_CHECK(
+        kernels::implicitGemmConvReluAdd(
+            cudaPtr<float>(x), cudaPtr<float>(w), b.defined() ? cudaPtr<float>(b) : nullptr,
+            channel_other.defined() ? cudaPtr<float>(channel_other) : nullptr, alpha.toFloat(),
+            cudaPtr<float>(out), *g, stream),
+        "torchfuse::custom_conv_relu_add: the CUDA driver refused the tensor maps of the "
+        "implicit-GEMM convolution");
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if (!channel_other.defined()) {
+      out = at::add(out, other, alpha);  // as in forwardCuda
+    }
+    return out;
+  }
   auto x = at::empty_like(input, at::MemoryFormat::ChannelsLast);
   DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add", [&] {
     kernels::transposeBatched(
@@ -219,8 +294,6 @@ at::Tensor forwardChannelsLast(
   }
   const auto e = convExtents(sizes, /*batched=*/true);
   auto out = at::empty(sizes, input.options());
-  const auto channel_other = perChannel(other, sizes, 1, dtype);
-  const at::Tensor b = bias && bias->defined() ? bias->contiguous() : at::Tensor();
   DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add", [&] {
     kernels::convReluAddEpilogueNhwcToNchw(
         cudaPtr<scalar_t>(conv), b.defined() ? cudaPtr<scalar_t>(b) : nullptr,

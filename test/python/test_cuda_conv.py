@@ -36,7 +36,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cuda_utils import CUDA_ONLY, nbytes_of, poison_allocator, rel_err, run_memcheck, tf32_flags  # noqa: E402
+from cuda_utils import (  # noqa: E402
+    CUDA_ONLY, nbytes_of, poison_allocator, rel_err, run_memcheck, run_seed, signed_randn, tf32_flags)
 
 import torchfuse  # noqa: E402,F401  (registers torch.ops.torchfuse)
 
@@ -350,15 +351,24 @@ ROUTE = "TORCHFUSE_CONV_CHANNELS_LAST"
 ROUTE_CASES = [n for n, (xs, ws, _) in SHAPES.items() if len(xs) == 4 and len(ws) == 4]
 
 
-def _route_ran(fn) -> bool:
-    """Whether fn() ran the route's NHWC-to-NCHW conversion (profiler)."""
+def _kernels_run(fn) -> list[str]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Profiler clears events")
         activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=activities) as prof:
             fn()
             torch.cuda.synchronize()
-    return any("BiasReluAdd" in e.name for e in prof.events())
+    return [e.name for e in prof.events()]
+
+
+def _route_ran(fn) -> bool:
+    """Whether fn() ran the route: variant E's NHWC-to-NCHW epilogue pass or
+    variant F's implicit-GEMM kernel (profiler)."""
+    return any("BiasReluAdd" in k or "implicitGemmKernel" in k for k in _kernels_run(fn))
+
+
+def _implicit_gemm_ran(fn) -> bool:
+    return any("implicitGemmKernel" in k for k in _kernels_run(fn))
 
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
@@ -410,18 +420,20 @@ def test_channels_last_route_rejects_unknown_setting(monkeypatch):
         ops.custom_conv_relu_add(x, w, b, *args, other, 1.0)
 
 
+@pytest.mark.parametrize("xs", [(32, 64, 66, 66), (8, 64, 130, 130)], ids=["q64", "q128"])
 @pytest.mark.parametrize("cudnn_tf32", [True, False])
-def test_channels_last_route_only_where_eager_is_tf32(cudnn_tf32, monkeypatch):
+def test_channels_last_route_only_where_eager_is_tf32(cudnn_tf32, xs, monkeypatch):
     """By default the route runs exactly where eager's own NCHW convolution
     is TF32 (so both round alike) and cuDNN may use TF32, and then its error
     against float64 is at most 2x eager's.  Eager's precision is read off
     its error here, independently of the op's probe: float32 engines are
-    near 1e-7, TF32 ones near 1e-4."""
+    near 1e-7, TF32 ones near 1e-4.  Both shapes are ones the implicit-GEMM
+    kernel takes on sm_90 (output rows of 64 and of 128 positions)."""
     monkeypatch.delenv(ROUTE, raising=False)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(11)
-    # a 2^24-element output: the smallest the route takes
-    x = torch.randn(32, 64, 66, 66, generator=gen, device="cuda")
+    # 2^24-element outputs: the smallest the route takes
+    x = torch.randn(*xs, generator=gen, device="cuda")
     w = torch.randn(128, 64, 3, 3, generator=gen, device="cuda") / 24
     b = torch.randn(128, generator=gen, device="cuda")
     other = torch.randn(128, 1, 1, generator=gen, device="cuda")
@@ -437,6 +449,164 @@ def test_channels_last_route_only_where_eager_is_tf32(cudnn_tf32, monkeypatch):
     assert ran == (cudnn_tf32 and eager_tf32), (ran, eager_err)
     assert err <= 2 * eager_err, f"error {err:.3e} vs eager's {eager_err:.3e}"
     assert out.is_contiguous()
+
+
+# Variant F: the route's convolution by our sm_90 implicit-GEMM kernel
+# (kernels/conv/implicit_gemm_sm90.cu), where it takes the problem: float32,
+# stride and dilation 1, one group, C a multiple of 32, K <= 128, rows of at
+# most 128 output positions.  TORCHFUSE_CONV_IMPLICIT_GEMM=never turns it off.
+IMPLICIT_GEMM = "TORCHFUSE_CONV_IMPLICIT_GEMM"
+SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+needs_sm90 = pytest.mark.skipif(not SM90, reason="the implicit-GEMM kernel is built for sm_90 only")
+
+IG_SHAPES = {
+    # name: (x shape, weight shape, padding); the output in the comment
+    "q22-pad1": ((2, 64, 20, 22), (128, 64, 3, 3), (1, 1)),  # [2, 128, 20, 22]: 4 rows a tile
+    "q64-c32": ((3, 32, 11, 66), (40, 32, 3, 3), (0, 0)),  # [3, 40, 9, 64]: k not a multiple of 8
+    "q124": ((3, 64, 9, 126), (128, 64, 3, 3), (0, 0)),  # [3, 128, 7, 124]: odd rows, last tile half
+    "q40-c128": ((2, 128, 7, 40), (100, 128, 3, 3), (1, 1)),  # [2, 100, 7, 40]: 4 chunks, k = 100
+    "q124-3x5": ((2, 32, 6, 124), (16, 32, 3, 5), (1, 2)),  # [2, 16, 6, 124]: 3x5, uneven padding
+    "q128-1x1": ((2, 64, 4, 128), (24, 64, 1, 1), (0, 0)),  # [2, 24, 4, 128]: one tap
+    # rows in whole 16-byte vectors, as the benchmark's
+    "q126-vec": ((2, 32, 6, 128), (48, 32, 3, 3), (0, 0)),  # [2, 48, 4, 126]: the benchmark's rows
+    "q70-vec-pad4": ((2, 64, 6, 64), (128, 64, 3, 3), (1, 4)),  # [2, 128, 6, 70]
+}
+
+
+def _round_tf32(t: torch.Tensor) -> torch.Tensor:
+    """float32 rounded to TF32, to nearest with ties away from zero, as the
+    kernel's input conversion (cvt.rna) does: add half of the dropped 13
+    bits to the magnitude's bits, then clear them."""
+    bits = t.contiguous().view(torch.int32)
+    return ((bits + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+@needs_sm90
+@pytest.mark.parametrize("other_kind", ["channel", "scalar", "full", "none-bias"])
+@pytest.mark.parametrize("name", list(IG_SHAPES))
+def test_implicit_gemm_exact(name, other_kind, monkeypatch):
+    """Small integers (exact in TF32 and in every float32 sum): the kernel's
+    output equals relu(conv + b) + alpha * other bit for bit, over poisoned
+    memory, for every tile shape, partial tile and channel count above."""
+    monkeypatch.setenv(ROUTE, "always")
+    monkeypatch.delenv(IMPLICIT_GEMM, raising=False)
+    xs, ws, padding = IG_SHAPES[name]
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(5)
+    x = _ints(xs, -2, 2, gen, torch.float32)
+    w = _ints(ws, -1, 1, gen, torch.float32)
+    b = None if other_kind == "none-bias" else _ints((ws[0],), -3, 3, gen, torch.float32)
+    args = ([1, 1], list(padding), [1, 1], 1)
+    with tf32_flags(None, False):
+        t = F.conv2d(x, w, b, padding=padding)
+    other = {
+        "channel": _ints((ws[0], 1, 1), -3, 3, gen, torch.float32),
+        "scalar": _ints((1,), -3, 3, gen, torch.float32),
+        "full": _ints(t.shape, -3, 3, gen, torch.float32),
+        "none-bias": _ints((1, ws[0], 1, 1), -3, 3, gen, torch.float32),
+    }[other_kind]
+    poison_allocator([t.numel() * 4])
+    with torch.no_grad():
+        assert _implicit_gemm_ran(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 0.5))
+        poison_allocator([t.numel() * 4])
+        out = ops.custom_conv_relu_add(x, w, b, *args, other, 0.5)
+    assert out.is_contiguous()
+    assert torch.equal(out, torch.relu(t) + 0.5 * other)
+
+
+@needs_sm90
+def test_implicit_gemm_misaligned_input(monkeypatch):
+    """An input view 4 bytes past a 16-byte boundary: its conversion to NHWC
+    takes the scalar tiles."""
+    monkeypatch.setenv(ROUTE, "always")
+    xs, ws, padding = IG_SHAPES["q126-vec"]
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(6)
+    base = _ints((torch.Size(xs).numel() + 1,), -2, 2, gen, torch.float32)
+    x = base[1:].view(xs)
+    w = _ints(ws, -1, 1, gen, torch.float32)
+    other = _ints((ws[0], 1, 1), -3, 3, gen, torch.float32)
+    args = ([1, 1], list(padding), [1, 1], 1)
+    with tf32_flags(None, False):
+        want = torch.relu(F.conv2d(x, w, padding=padding)) + other
+    with torch.no_grad():
+        assert _implicit_gemm_ran(lambda: ops.custom_conv_relu_add(x, w, None, *args, other, 1.0))
+        out = ops.custom_conv_relu_add(x, w, None, *args, other, 1.0)
+    assert torch.equal(out, want)
+
+
+@needs_sm90
+@pytest.mark.parametrize("name", ["q22-pad1", "q124", "q124-3x5", "q126-vec"])
+def test_implicit_gemm_random_signed(name, monkeypatch):
+    """Random signed inputs: the output is the convolution of the inputs
+    rounded to TF32, accumulated in float32: within 1e-5 of that product
+    computed in float64 (relative to the largest output), NaN nowhere."""
+    monkeypatch.setenv(ROUTE, "always")
+    xs, ws, padding = IG_SHAPES[name]
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(run_seed())
+    x = signed_randn(*xs, dtype=torch.float32, generator=gen)
+    w = signed_randn(*ws, dtype=torch.float32, generator=gen) / 24
+    b = signed_randn(ws[0], dtype=torch.float32, generator=gen)
+    other = signed_randn(ws[0], 1, 1, dtype=torch.float32, generator=gen)
+    args = ([1, 1], list(padding), [1, 1], 1)
+    ref = torch.relu(F.conv2d(_round_tf32(x).double(), _round_tf32(w).double(), b.double(),
+                              padding=padding)) + 0.75 * other.double()
+    poison_allocator([ref.numel() * 4])
+    with torch.no_grad():
+        out = ops.custom_conv_relu_add(x, w, b, *args, other, 0.75)
+    assert rel_err(out, ref) <= 1e-5, rel_err(out, ref)
+    # and against the unrounded inputs, as TF32 allows: 2^-11 per product
+    exact = torch.relu(F.conv2d(x.double(), w.double(), b.double(), padding=padding)) + 0.75 * other.double()
+    assert rel_err(out, exact) <= 2e-3, rel_err(out, exact)
+
+
+@needs_sm90
+def test_implicit_gemm_never(monkeypatch):
+    """TORCHFUSE_CONV_IMPLICIT_GEMM=never keeps variant E; bad values name it."""
+    monkeypatch.setenv(ROUTE, "always")
+    xs, ws, padding = IG_SHAPES["q22-pad1"]
+    x = torch.randn(*xs, device="cuda")
+    w = torch.randn(*ws, device="cuda")
+    other = torch.randn(ws[0], 1, 1, device="cuda")
+    args = ([1, 1], list(padding), [1, 1], 1)
+    monkeypatch.setenv(IMPLICIT_GEMM, "never")
+    kernels = _kernels_run(lambda: ops.custom_conv_relu_add(x, w, None, *args, other, 1.0))
+    assert any("BiasReluAdd" in k for k in kernels)
+    assert not any("implicitGemmKernel" in k for k in kernels)
+    monkeypatch.setenv(IMPLICIT_GEMM, "yes")
+    with pytest.raises(RuntimeError, match="TORCHFUSE_CONV_IMPLICIT_GEMM to be auto or never, got \"yes\""):
+        ops.custom_conv_relu_add(x, w, None, *args, other, 1.0)
+
+
+@needs_sm90
+@pytest.mark.parametrize("case", ["fp16", "stride2", "dilation2", "groups2", "c48", "k160", "q130",
+                                  "no-tf32", "training"])
+def test_implicit_gemm_declines(case, monkeypatch):
+    """Problems outside the kernel's contract take variant E or C instead."""
+    monkeypatch.setenv(ROUTE, "always")
+    xs, ws, stride, dilation, groups, dtype = (2, 64, 12, 20), (32, 64, 3, 3), 1, 1, 1, torch.float32
+    if case == "fp16":
+        dtype = torch.float16
+    elif case == "stride2":
+        stride = 2
+    elif case == "dilation2":
+        dilation = 2
+    elif case == "groups2":
+        ws, groups = (32, 32, 3, 3), 2
+    elif case == "c48":
+        xs, ws = (2, 48, 12, 20), (32, 48, 3, 3)
+    elif case == "k160":
+        ws = (160, 64, 3, 3)
+    elif case == "q130":
+        xs = (2, 64, 12, 132)
+    x = torch.randn(*xs, device="cuda", dtype=dtype)
+    w = torch.randn(*ws, device="cuda", dtype=dtype)
+    w.requires_grad_(case == "training")
+    other = torch.randn(ws[0], 1, 1, device="cuda", dtype=dtype)
+    args = ([stride] * 2, [0, 0], [dilation] * 2, groups)
+    with tf32_flags(None, case != "no-tf32"):
+        assert not _implicit_gemm_ran(lambda: ops.custom_conv_relu_add(x, w, None, *args, other, 1.0))
 
 
 SANITIZER_CASE = textwrap.dedent(
@@ -478,6 +648,12 @@ SANITIZER_CASE = textwrap.dedent(
             buf = torch.empty(x.numel() + 1, device="cuda", dtype=dtype)  # scalar tiles
             buf[1:].copy_(x.reshape(-1))
             ops.custom_conv_relu_add(buf[1:].view(x.shape), w, b, *args, o, 1.0)
+    # the implicit-GEMM kernel (sm_90): partial tiles, k < 128, padding
+    for xs, ws, pad in [((2, 64, 9, 22), (40, 64, 3, 3), [1, 1]), ((3, 32, 9, 126), (128, 32, 3, 3), [0, 0])]:
+        x = torch.randn(*xs, device="cuda")
+        w = torch.randn(*ws, device="cuda")
+        ops.custom_conv_relu_add(x, w, torch.randn(ws[0], device="cuda"), [1, 1], pad, [1, 1], 1,
+                                 torch.randn(ws[0], 1, 1, device="cuda"), 1.0)
     torch.cuda.synchronize()
     print("SANITIZER_CASE_DONE")
     """

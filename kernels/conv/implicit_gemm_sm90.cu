@@ -1,0 +1,372 @@
+// custom_conv_relu_add's implicit-GEMM convolution for sm_90
+// (kernels/conv/README.md, variant F; the contract is in the header).
+//
+// One CTA per SM loops over tiles of 4 x 64 output positions (2 rows of up
+// to 128 columns, or 4 rows of up to 64) of one image, all k <= 128 output
+// channels.  Warpgroup 0's first thread is the producer: per 32-channel
+// chunk, one TMA load of the input patch the tile reads (zero-filled past
+// the borders, so padding costs nothing); per (chunk, tap), one of the
+// weights.  The two consumer warpgroups run m64n128k8 TF32 wgmma with both
+// operands in shared memory, K-major and 128-byte swizzled: a tap is only
+// an offset into the patch, so each input element is loaded once per tile
+// rather than once per tap.  The epilogue stages 8-channel slices of the
+// nchw output, bias, relu and `other` applied, and writes them with TMA
+// stores, so the output costs one write and no extra pass.
+
+#include "kernels/conv/implicit_gemm_sm90.cuh"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+namespace torchfuse::kernels {
+namespace {
+
+constexpr int kStages = 4;               // weight tiles in flight
+constexpr int kWeightTile = 128 * 128;   // 128 channels x 32 k, bytes
+constexpr int kSlice = 8;                // output channels per staged slice
+constexpr int kThreads = 384;            // producer + 2 consumer warpgroups
+constexpr int kMaxSmem = 227 * 1024;
+
+struct Tiling {
+  int qb, tr, pw, pr, plane_tx, plane_bytes, stage_bytes;
+  size_t smem;
+};
+
+Tiling tiling(const ImplicitGemmConv& g) {
+  Tiling t{};
+  t.qb = g.q <= 64 ? 1 : 2;  // 64-column blocks per output row
+  t.tr = 4 / t.qb;           // output rows per tile
+  t.pw = int(t.qb * 64 + g.s - 1);
+  t.pr = int(t.tr + g.r - 1);
+  t.plane_tx = t.pr * t.pw * 128;
+  t.plane_bytes = (t.plane_tx + 1023) / 1024 * 1024;  // swizzle atoms stay aligned
+  t.stage_bytes = kSlice * t.tr * int(g.q) * 4;
+  t.smem = 1024 + 2 * size_t(t.plane_bytes) + kStages * kWeightTile + 2 * size_t(t.stage_bytes) +
+      8 * (2 * kStages + 4);
+  return t;
+}
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define TORCHFUSE_SM90A 1
+#endif
+
+#ifdef TORCHFUSE_SM90A
+// Shared-memory matrix descriptor: K-major, 128-byte swizzle, 8-row groups
+// 1024 bytes apart.  The swizzle follows address bits, so a tile may start
+// at any 128-byte row (a tap's offset into the patch).
+__device__ __forceinline__ uint64_t descriptor(uint32_t address) {
+  return uint64_t((address & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) |
+      (uint64_t(1) << 62);
+}
+
+// d[64 x 128] (+)= a[64 x 8] * b[8 x 128], TF32 inputs, float32 accumulators.
+__device__ __forceinline__ void mma(float* d, uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
+      "%30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, "
+      "%44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, "
+      "%58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p, 1, 1;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+        "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+        "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+        "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+        "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+__device__ __forceinline__ void barrierInit(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+__device__ __forceinline__ void barrierExpect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void barrierArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void barrierWait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity)
+      : "memory");
+}
+#endif
+
+// Shared memory: two patch buffers (alternating chunks), kStages weight
+// tiles, two output slices, then the barriers.
+__global__ void __launch_bounds__(kThreads, 1) implicitGemmKernel(
+    const __grid_constant__ CUtensorMap x_map,
+    const __grid_constant__ CUtensorMap w_map,
+    const __grid_constant__ CUtensorMap out_map,
+    const float* __restrict__ bias,
+    const float* __restrict__ other,
+    float alpha,
+    ImplicitGemmConv g,
+    Tiling t) {
+#ifdef TORCHFUSE_SM90A
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t base = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023) & ~1023u;
+  const uint32_t planes = base;
+  const uint32_t weights = planes + 2 * t.plane_bytes;
+  const uint32_t slices = weights + kStages * kWeightTile;
+  const uint32_t bars = slices + 2 * t.stage_bytes;
+  const auto weight_full = [&](int s) { return bars + 8 * s; };
+  const auto weight_free = [&](int s) { return bars + 8 * (kStages + s); };
+  const auto plane_full = [&](int b) { return bars + 8 * (2 * kStages + b); };
+  const auto plane_free = [&](int b) { return bars + 8 * (2 * kStages + 2 + b); };
+
+  const int tid = threadIdx.x;
+  if (tid == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      barrierInit(weight_full(s), 1);
+      barrierInit(weight_free(s), 2);  // one arrival per consumer warpgroup
+    }
+    for (int b = 0; b < 2; ++b) {
+      barrierInit(plane_full(b), 1);
+      barrierInit(plane_free(b), 2);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  const int q = int(g.q), taps = int(g.r * g.s), chunks = int(g.c / 32);
+  const int tiles_per_image = int((g.p + t.tr - 1) / t.tr);
+  const int tiles = int(g.n) * tiles_per_image;
+
+  if (tid < 128) {
+    if (tid == 0) {
+      // Waiting on a fresh barrier's previous phase returns at once, so the
+      // first pass through each buffer does not wait.
+      int w_it = 0, p_it = 0;
+      for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+        const int n = tile / tiles_per_image, p0 = (tile % tiles_per_image) * t.tr;
+        for (int chunk = 0; chunk < chunks; ++chunk, ++p_it) {
+          const int b = p_it & 1;
+          barrierWait(plane_free(b), ((p_it >> 1) & 1) ^ 1);
+          barrierExpect(plane_full(b), t.plane_tx);
+          asm volatile(
+              "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+              " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(planes + b * t.plane_bytes),
+              "l"(&x_map), "r"(chunk * 32), "r"(int(-g.pad_w)), "r"(int(p0 - g.pad_h)), "r"(n),
+              "r"(plane_full(b))
+              : "memory");
+          for (int tap = 0; tap < taps; ++tap, ++w_it) {
+            const int s = w_it % kStages;
+            barrierWait(weight_free(s), ((w_it / kStages) & 1) ^ 1);
+            barrierExpect(weight_full(s), kWeightTile);
+            asm volatile(
+                "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(weights + s * kWeightTile),
+                "l"(&w_map), "r"(int(tap * g.c + chunk * 32)), "r"(0), "r"(weight_full(s))
+                : "memory");
+          }
+        }
+      }
+    }
+    return;
+  }
+
+  const int ctid = tid - 128, group = ctid / 128;
+  const bool leader = ctid % 128 == 0;
+  const int warp = (ctid % 128) / 32, lane = ctid % 32;
+  int w_it = 0, p_it = 0, slice_it = 0;
+  float acc[2][64];
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const int n = tile / tiles_per_image, p0 = (tile % tiles_per_image) * t.tr;
+    // A stage is released once the MMAs after it have waited for it.
+    int last_weight = -1, last_plane = -1;
+    bool first = true;
+    for (int chunk = 0; chunk < chunks; ++chunk, ++p_it) {
+      const int b = p_it & 1;
+      barrierWait(plane_full(b), (p_it >> 1) & 1);
+      const uint32_t plane = planes + b * t.plane_bytes;
+      for (int tap = 0; tap < taps; ++tap, ++w_it) {
+        const int s = w_it % kStages;
+        barrierWait(weight_full(s), (w_it / kStages) & 1);
+        const int dr = tap / int(g.s), ds = tap % int(g.s);
+        const uint64_t wd = descriptor(weights + s * kWeightTile);
+        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          const int block = group * 2 + m, row = block / t.qb, col = block % t.qb;
+          const uint64_t xd = descriptor(plane + ((row + dr) * t.pw + col * 64 + ds) * 128);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            mma(acc[m], xd + 2 * k, wd + 2 * k, !(first && k == 0));  // +32 bytes per k step
+          }
+        }
+        first = false;
+        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+        if (leader && last_weight >= 0) {
+          barrierArrive(weight_free(last_weight));
+        }
+        if (leader && last_plane >= 0) {
+          barrierArrive(plane_free(last_plane));
+        }
+        last_weight = s;
+        last_plane = -1;
+      }
+      last_plane = b;
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    if (leader) {
+      barrierArrive(weight_free(last_weight));
+      barrierArrive(plane_free(last_plane));
+    }
+
+    // Accumulator (row 16 * warp + lane / 4 + 8 * hi, column 8 * j + 2 * (lane % 4) + e)
+    // of block m: output position, output channel.
+    const int row_len = t.tr * q;
+#pragma unroll
+    for (int j = 0; j < 16 && j * kSlice < g.k; ++j, ++slice_it) {
+      const uint32_t slice = slices + (slice_it & 1) * t.stage_bytes;
+      if (ctid == 0) {
+        asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
+      }
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int lc = 2 * (lane % 4) + e, channel = j * kSlice + lc;
+        const bool real = channel < g.k;
+        const float add = real && bias ? bias[channel] : 0.f;
+        const float extra = real && other ? alpha * other[channel] : 0.f;
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+          const int block = group * 2 + m, row = block / t.qb, col = block % t.qb;
+#pragma unroll
+          for (int hi = 0; hi < 2; ++hi) {
+            const int qq = col * 64 + warp * 16 + lane / 4 + 8 * hi;
+            if (qq < q) {
+              const float v = acc[m][j * 4 + hi * 2 + e] + add;
+              const float y = (!(v <= 0.f) ? v : 0.f) + extra;  // relu(NaN) is NaN
+              asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(slice + (lc * row_len + row * q + qq) * 4),
+                           "f"(y)
+                           : "memory");
+            }
+          }
+        }
+      }
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");
+      if (ctid == 0) {
+        // Rows past p and channels past k fall outside the map: not written.
+        asm volatile(
+            "cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%1, %2, %3}], [%4];\n"
+            "cp.async.bulk.commit_group;\n" ::"l"(&out_map),
+            "r"(p0 * q), "r"(j * kSlice), "r"(n), "r"(slice)
+            : "memory");
+      }
+    }
+  }
+  if (ctid == 0) {
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+  }
+#endif
+}
+
+PFN_cuTensorMapEncodeTiled_v12000 encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      f = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+bool encode(CUtensorMap* map, const float* data, int rank, const cuuint64_t* dims,
+            const cuuint64_t* strides, const cuuint32_t* box, CUtensorMapSwizzle swizzle) {
+  const cuuint32_t unit[4] = {1, 1, 1, 1};
+  return encoder()(map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, rank, const_cast<float*>(data), dims,
+                   strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+bool sm90Device() {
+  int device = 0, major = 0, minor = 0;
+  return cudaGetDevice(&device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) == cudaSuccess &&
+      major == 9 && minor == 0;
+}
+
+}  // namespace
+
+bool implicitGemmConvTakes(const ImplicitGemmConv& g) {
+  if (g.n <= 0 || g.c <= 0 || g.c % 32 != 0 || g.k <= 0 || g.k > 128 || g.p <= 0 || g.q <= 0 ||
+      g.q > 128 || (g.p * g.q) % 4 != 0 || g.h >= (int64_t(1) << 30) ||
+      g.w >= (int64_t(1) << 30) || g.n >= (int64_t(1) << 30) || g.pad_h < 0 || g.pad_w < 0 ||
+      g.pad_h > 64 || g.pad_w > 64) {
+    return false;
+  }
+  const Tiling t = tiling(g);
+  if ((t.tr * g.q) % 4 != 0 || t.pw > 256 || t.pr > 256 || t.smem > size_t(kMaxSmem)) {
+    return false;
+  }
+  return sm90Device() && encoder() != nullptr;
+}
+
+bool implicitGemmConvReluAdd(
+    const float* x,
+    const float* weight,
+    const float* bias,
+    const float* other,
+    float alpha,
+    float* out,
+    const ImplicitGemmConv& g,
+    cudaStream_t stream) {
+  const Tiling t = tiling(g);
+  CUtensorMap x_map, w_map, out_map;
+  const cuuint64_t x_dims[4] = {cuuint64_t(g.c), cuuint64_t(g.w), cuuint64_t(g.h), cuuint64_t(g.n)};
+  const cuuint64_t x_strides[3] = {cuuint64_t(g.c) * 4, cuuint64_t(g.w * g.c) * 4,
+                                   cuuint64_t(g.h * g.w * g.c) * 4};
+  const cuuint32_t x_box[4] = {32, cuuint32_t(t.pw), cuuint32_t(t.pr), 1};
+  const int64_t k_total = g.r * g.s * g.c;
+  const cuuint64_t w_dims[2] = {cuuint64_t(k_total), cuuint64_t(g.k)};
+  const cuuint64_t w_strides[1] = {cuuint64_t(k_total) * 4};
+  const cuuint32_t w_box[2] = {32, 128};
+  const int64_t positions = g.p * g.q;
+  const cuuint64_t out_dims[3] = {cuuint64_t(positions), cuuint64_t(g.k), cuuint64_t(g.n)};
+  const cuuint64_t out_strides[2] = {cuuint64_t(positions) * 4, cuuint64_t(positions * g.k) * 4};
+  const cuuint32_t out_box[3] = {cuuint32_t(t.tr * g.q), kSlice, 1};
+  if (!encode(&x_map, x, 4, x_dims, x_strides, x_box, CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode(&w_map, weight, 2, w_dims, w_strides, w_box, CU_TENSOR_MAP_SWIZZLE_128B) ||
+      !encode(&out_map, out, 3, out_dims, out_strides, out_box, CU_TENSOR_MAP_SWIZZLE_NONE)) {
+    return false;
+  }
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (cudaFuncSetAttribute(implicitGemmKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           kMaxSmem) != cudaSuccess) {
+    return false;
+  }
+  const int64_t tiles = g.n * ((g.p + t.tr - 1) / t.tr);
+  const int blocks = int(std::min<int64_t>(tiles, std::max(sms, 1)));
+  implicitGemmKernel<<<blocks, kThreads, t.smem, stream>>>(
+      x_map, w_map, out_map, bias, other, alpha, g, t);
+  return true;
+}
+
+}  // namespace torchfuse::kernels

@@ -1,0 +1,42 @@
+#pragma once
+
+// custom_conv_relu_add's implicit-GEMM convolution for sm_90 (Hopper):
+// TF32 tensor-core MMAs (wgmma) fed by TMA, the epilogue fused, the output
+// written NCHW (kernels/conv/README.md, variant F).  Raw pointers only; no
+// dispatcher headers.  Built for sm_90a alone: the caller asks
+// implicitGemmConvTakes() before every launch.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace torchfuse::kernels {
+
+// A 2-D convolution, stride 1, dilation 1, one group:
+// x [n][h][w][c] (nhwc) * weight [k][r][s][c] -> [n][k][p][q] (nchw),
+// p = h + 2 pad_h - r + 1, q = w + 2 pad_w - s + 1.
+struct ImplicitGemmConv {
+  int64_t n, c, h, w, k, r, s, pad_h, pad_w, p, q;
+};
+
+// Whether the kernel takes this problem on the current device: an sm_90
+// device, c a multiple of 32, k <= 128, q <= 128 with p * q and the tile's
+// output run multiples of 4 elements, and tiles that fit in shared memory.
+bool implicitGemmConvTakes(const ImplicitGemmConv& g);
+
+// out = (t <= 0 ? 0 : t) + alpha * other[k] with t = conv + bias[k], nchw.
+// x and weight hold float32 values already rounded to TF32 (the MMAs
+// truncate the low mantissa bits); bias and other (k values) may be null.
+// All pointers 16-byte aligned.  Returns false, launching nothing, when the
+// driver refuses the tensor maps.
+bool implicitGemmConvReluAdd(
+    const float* x,
+    const float* weight,
+    const float* bias,
+    const float* other,
+    float alpha,
+    float* out,
+    const ImplicitGemmConv& g,
+    cudaStream_t stream);
+
+}  // namespace torchfuse::kernels
