@@ -321,7 +321,10 @@ bool implicitGemmConvTakes(const ImplicitGemmConv& g) {
     return false;
   }
   const Tiling t = tiling(g);
-  if ((t.tr * g.q) % 4 != 0 || t.pw > 256 || t.pr > 256 || t.smem > size_t(kMaxSmem)) {
+  // tile and position indices are 32-bit in the kernel
+  const int64_t tiles = g.n * ((g.p + t.tr - 1) / t.tr);
+  if ((t.tr * g.q) % 4 != 0 || t.pw > 256 || t.pr > 256 || t.smem > size_t(kMaxSmem) ||
+      tiles >= (int64_t(1) << 31) || g.p * g.q >= (int64_t(1) << 31)) {
     return false;
   }
   return sm90Device() && encoder() != nullptr;

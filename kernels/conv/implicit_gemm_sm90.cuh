@@ -27,8 +27,8 @@ bool implicitGemmConvTakes(const ImplicitGemmConv& g);
 // out = (t <= 0 ? 0 : t) + alpha * other[k] with t = conv + bias[k], nchw.
 // x and weight hold float32 values already rounded to TF32 (the MMAs
 // truncate the low mantissa bits); bias and other (k values) may be null.
-// All pointers 16-byte aligned.  Returns false, launching nothing, when the
-// driver refuses the tensor maps.
+// x, weight and out 16-byte aligned.  Returns false, launching nothing,
+// when the driver refuses the tensor maps.
 bool implicitGemmConvReluAdd(
     const float* x,
     const float* weight,
