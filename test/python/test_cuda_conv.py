@@ -457,7 +457,7 @@ def test_channels_last_route_only_where_eager_is_tf32(cudnn_tf32, xs, monkeypatc
 # most 128 output positions.  TORCHFUSE_CONV_IMPLICIT_GEMM=never turns it off.
 IMPLICIT_GEMM = "TORCHFUSE_CONV_IMPLICIT_GEMM"
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
-needs_sm90 = pytest.mark.skipif(not SM90, reason="the implicit-GEMM kernel is built for sm_90 only")
+needs_sm90 = pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU: the implicit-GEMM kernel is built for sm_90 only")
 
 IG_SHAPES = {
     # name: (x shape, weight shape, padding); the output in the comment
