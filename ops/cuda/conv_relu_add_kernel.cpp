@@ -30,9 +30,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <string>
 
 #include "kernels/conv/conv_relu_add.cuh"
 #include "kernels/conv/implicit_gemm_sm90.cuh"
@@ -100,24 +102,39 @@ at::Tensor perChannel(
 // more than its passes save (the convolution is launch-bound there).
 constexpr int64_t kRouteMinElements = int64_t(1) << 24;
 
-enum class RouteMode { kAuto, kNever, kAlways };
+enum class RouteMode { kAuto, kNever, kAlways };  // envChoice's order
+
+// The value of the environment variable `name` (read at every call) as an
+// index into `choices`, 0 when unset; any other value is an error that
+// names the variable and the choices.
+size_t envChoice(const char* name, std::initializer_list<const char*> choices) {
+  const char* env = std::getenv(name);
+  if (env == nullptr) {
+    return 0;
+  }
+  const auto match = std::find_if(choices.begin(), choices.end(), [&](const char* choice) {
+    return std::strcmp(env, choice) == 0;
+  });
+  const auto listed = [&] {  // "a, b or c"
+    std::string text;
+    for (auto it = choices.begin(); it != choices.end(); ++it) {
+      text += (it == choices.begin() ? "" : it + 1 == choices.end() ? " or " : ", ");
+      text += *it;
+    }
+    return text;
+  };
+  TORCH_CHECK(
+      match != choices.end(), "torchfuse::custom_conv_relu_add: expected the environment variable ",
+      name, " to be ", listed(), ", got \"", env, "\"");
+  return size_t(match - choices.begin());
+}
 
 // TORCHFUSE_CONV_CHANNELS_LAST: unset or "auto"; "never"; "always": the
 // inference forward takes the route wherever its kernels apply, whatever the
 // size or precision (tests use it with inputs that are exact in TF32).
 RouteMode routeMode() {
-  const char* env = std::getenv("TORCHFUSE_CONV_CHANNELS_LAST");
-  if (env == nullptr || std::strcmp(env, "auto") == 0) {
-    return RouteMode::kAuto;
-  }
-  if (std::strcmp(env, "never") == 0) {
-    return RouteMode::kNever;
-  }
-  TORCH_CHECK(
-      std::strcmp(env, "always") == 0,
-      "torchfuse::custom_conv_relu_add: expected the environment variable "
-      "TORCHFUSE_CONV_CHANNELS_LAST to be auto, never or always, got \"", env, "\"");
-  return RouteMode::kAlways;
+  return static_cast<RouteMode>(
+      envChoice("TORCHFUSE_CONV_CHANNELS_LAST", {"auto", "never", "always"}));
 }
 
 // Whether eager's convolution of exactly this problem rounds its inputs to
@@ -197,15 +214,7 @@ bool takesChannelsLastRoute(
 // our sm_90 implicit-GEMM kernel wherever it takes the problem (variant F);
 // "never": always with cuDNN's channels-last convolution (variant E).
 bool implicitGemmAllowed() {
-  const char* env = std::getenv("TORCHFUSE_CONV_IMPLICIT_GEMM");
-  if (env == nullptr || std::strcmp(env, "auto") == 0) {
-    return true;
-  }
-  TORCH_CHECK(
-      std::strcmp(env, "never") == 0,
-      "torchfuse::custom_conv_relu_add: expected the environment variable "
-      "TORCHFUSE_CONV_IMPLICIT_GEMM to be auto or never, got \"", env, "\"");
-  return false;
+  return envChoice("TORCHFUSE_CONV_IMPLICIT_GEMM", {"auto", "never"}) == 0;
 }
 
 // The route's problem as the implicit-GEMM kernel sees it, where that kernel
