@@ -11,7 +11,9 @@
 // an offset into the patch, so each input element is loaded once per tile
 // rather than once per tap.  The epilogue stages 8-channel slices of the
 // nchw output, bias, relu and `other` applied, and writes them with TMA
-// stores, so the output costs one write and no extra pass.
+// stores, so the output costs one write and no extra pass.  The epilogue
+// runs while the tensor cores idle, so it is kept short: the per-channel
+// bias and `other` wait in shared memory, and each slice costs one barrier.
 
 #include "kernels/conv/implicit_gemm_sm90.cuh"
 
@@ -45,7 +47,7 @@ Tiling tiling(const ImplicitGemmConv& g) {
   t.plane_bytes = (t.plane_tx + 1023) / 1024 * 1024;  // swizzle atoms stay aligned
   t.stage_bytes = kSlice * t.tr * int(g.q) * 4;
   t.smem = 1024 + 2 * size_t(t.plane_bytes) + kStages * kWeightTile + 2 * size_t(t.stage_bytes) +
-      8 * (2 * kStages + 4);
+      8 * (2 * kStages + 4) + 2 * 128 * 4;
   return t;
 }
 
@@ -108,7 +110,8 @@ __device__ __forceinline__ void barrierWait(uint32_t bar, uint32_t parity) {
 #endif
 
 // Shared memory: two patch buffers (alternating chunks), kStages weight
-// tiles, two output slices, then the barriers.
+// tiles, two output slices, the barriers, then the bias and alpha * other
+// of each of the 128 output channels.
 __global__ void __launch_bounds__(kThreads, 1) implicitGemmKernel(
     const __grid_constant__ CUtensorMap x_map,
     const __grid_constant__ CUtensorMap w_map,
@@ -184,6 +187,15 @@ __global__ void __launch_bounds__(kThreads, 1) implicitGemmKernel(
   const int ctid = tid - 128, group = ctid / 128;
   const bool leader = ctid % 128 == 0;
   const int warp = (ctid % 128) / 32, lane = ctid % 32;
+  const uint32_t adds = bars + 8 * (2 * kStages + 4), extras = adds + 128 * 4;
+  if (ctid < 128) {
+    const bool real = ctid < g.k;
+    const float add = real && bias ? bias[ctid] : 0.f;
+    const float extra = real && other ? alpha * other[ctid] : 0.f;
+    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(adds + ctid * 4), "f"(add) : "memory");
+    asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(extras + ctid * 4), "f"(extra) : "memory");
+  }
+  asm volatile("bar.sync 1, 256;\n" ::: "memory");
   int w_it = 0, p_it = 0, slice_it = 0;
   float acc[2][64];
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
@@ -235,17 +247,15 @@ __global__ void __launch_bounds__(kThreads, 1) implicitGemmKernel(
     const int row_len = t.tr * q;
 #pragma unroll
     for (int j = 0; j < 16 && j * kSlice < g.k; ++j, ++slice_it) {
+      // The store that last read this buffer finished before the previous
+      // slice's barrier.
       const uint32_t slice = slices + (slice_it & 1) * t.stage_bytes;
-      if (ctid == 0) {
-        asm volatile("cp.async.bulk.wait_group.read 1;\n" ::: "memory");
-      }
-      asm volatile("bar.sync 1, 256;\n" ::: "memory");
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int lc = 2 * (lane % 4) + e, channel = j * kSlice + lc;
-        const bool real = channel < g.k;
-        const float add = real && bias ? bias[channel] : 0.f;
-        const float extra = real && other ? alpha * other[channel] : 0.f;
+        float add, extra;
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(add) : "r"(adds + channel * 4));
+        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(extra) : "r"(extras + channel * 4));
 #pragma unroll
         for (int m = 0; m < 2; ++m) {
           const int block = group * 2 + m, row = block / t.qb, col = block % t.qb;
@@ -253,8 +263,11 @@ __global__ void __launch_bounds__(kThreads, 1) implicitGemmKernel(
           for (int hi = 0; hi < 2; ++hi) {
             const int qq = col * 64 + warp * 16 + lane / 4 + 8 * hi;
             if (qq < q) {
-              const float v = acc[m][j * 4 + hi * 2 + e] + add;
-              const float y = (!(v <= 0.f) ? v : 0.f) + extra;  // relu(NaN) is NaN
+              // max.NaN keeps a NaN: relu(NaN) is NaN.
+              float y;
+              asm("{\n.reg .f32 r;\nmax.NaN.f32 r, %1, 0f00000000;\nadd.f32 %0, r, %2;\n}\n"
+                  : "=f"(y)
+                  : "f"(acc[m][j * 4 + hi * 2 + e] + add), "f"(extra));
               asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(slice + (lc * row_len + row * q + qq) * 4),
                            "f"(y)
                            : "memory");
@@ -263,6 +276,9 @@ __global__ void __launch_bounds__(kThreads, 1) implicitGemmKernel(
         }
       }
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      if (ctid == 0) {
+        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+      }
       asm volatile("bar.sync 1, 256;\n" ::: "memory");
       if (ctid == 0) {
         // Rows past p and channels past k fall outside the map: not written.

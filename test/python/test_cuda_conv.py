@@ -562,6 +562,34 @@ def test_implicit_gemm_random_signed(name, monkeypatch):
 
 
 @needs_sm90
+def test_implicit_gemm_nan_inf(monkeypatch):
+    """NaN and ±Inf in x and in `other` come out as eager's: relu(NaN) is
+    NaN, relu(-Inf) + Inf is Inf, relu(Inf) - Inf is NaN."""
+    monkeypatch.setenv(ROUTE, "always")
+    xs, ws, padding = IG_SHAPES["q22-pad1"]
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(8)
+    x = _ints(xs, -2, 2, gen, torch.float32)
+    x[0, 3, 2, 5] = float("nan")
+    x[1, 7, 4, 9] = float("inf")
+    x[0, 10, 6, 2] = float("-inf")
+    w = _ints(ws, 0, 1, gen, torch.float32) * 2 - 1  # ±1: no 0 * Inf
+    b = _ints((ws[0],), -3, 3, gen, torch.float32)
+    other = _ints((ws[0], 1, 1), -3, 3, gen, torch.float32)
+    other[0::4] = float("inf")
+    other[1::4] = float("-inf")
+    args = ([1, 1], list(padding), [1, 1], 1)
+    want = torch.relu(F.conv2d(x.double().cpu(), w.double().cpu(), b.double().cpu(), padding=padding))
+    want = want + 0.5 * other.double().cpu()
+    assert want.isnan().any() and want.isinf().any() and (want == float("inf")).any()
+    poison_allocator([want.numel() * 4])
+    with torch.no_grad():
+        assert _implicit_gemm_ran(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 0.5))
+        out = ops.custom_conv_relu_add(x, w, b, *args, other, 0.5)
+    torch.testing.assert_close(out.double().cpu(), want, rtol=0, atol=0, equal_nan=True)
+
+
+@needs_sm90
 def test_implicit_gemm_never(monkeypatch):
     """TORCHFUSE_CONV_IMPLICIT_GEMM=never keeps variant E; bad values name it."""
     monkeypatch.setenv(ROUTE, "always")
