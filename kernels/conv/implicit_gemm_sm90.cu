@@ -29,6 +29,7 @@ namespace {
 constexpr int kStages = 4;               // weight tiles in flight
 constexpr int kWeightTile = 128 * 128;   // 128 channels x 32 k, bytes
 constexpr int kSlice = 8;                // output channels per staged slice
+constexpr int kSlices = 3;               // slice buffers: two stores in flight
 constexpr int kThreads = 384;            // producer + 2 consumer warpgroups
 constexpr int kMaxSmem = 227 * 1024;
 
@@ -46,7 +47,7 @@ Tiling tiling(const ImplicitGemmConv& g) {
   t.plane_tx = t.pr * t.pw * 128;
   t.plane_bytes = (t.plane_tx + 1023) / 1024 * 1024;  // swizzle atoms stay aligned
   t.stage_bytes = kSlice * t.tr * int(g.q) * 4;
-  t.smem = 1024 + 2 * size_t(t.plane_bytes) + kStages * kWeightTile + 2 * size_t(t.stage_bytes) +
+  t.smem = 1024 + 2 * size_t(t.plane_bytes) + kStages * kWeightTile + kSlices * size_t(t.stage_bytes) +
       8 * (2 * kStages + 4) + 2 * 128 * 4;
   return t;
 }
@@ -110,7 +111,7 @@ __device__ __forceinline__ void barrierWait(uint32_t bar, uint32_t parity) {
 #endif
 
 // Shared memory: two patch buffers (alternating chunks), kStages weight
-// tiles, two output slices, the barriers, then the bias and alpha * other
+// tiles, kSlices output slices, the barriers, then the bias and alpha * other
 // of each of the 128 output channels.
 __global__ void __launch_bounds__(kThreads, 1) implicitGemmKernel(
     const __grid_constant__ CUtensorMap x_map,
@@ -127,7 +128,7 @@ __global__ void __launch_bounds__(kThreads, 1) implicitGemmKernel(
   const uint32_t planes = base;
   const uint32_t weights = planes + 2 * t.plane_bytes;
   const uint32_t slices = weights + kStages * kWeightTile;
-  const uint32_t bars = slices + 2 * t.stage_bytes;
+  const uint32_t bars = slices + kSlices * t.stage_bytes;
   const auto weight_full = [&](int s) { return bars + 8 * s; };
   const auto weight_free = [&](int s) { return bars + 8 * (kStages + s); };
   const auto plane_full = [&](int b) { return bars + 8 * (2 * kStages + b); };
@@ -249,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1) implicitGemmKernel(
     for (int j = 0; j < 16 && j * kSlice < g.k; ++j, ++slice_it) {
       // The store that last read this buffer finished before the previous
       // slice's barrier.
-      const uint32_t slice = slices + (slice_it & 1) * t.stage_bytes;
+      const uint32_t slice = slices + (slice_it % kSlices) * t.stage_bytes;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int lc = 2 * (lane % 4) + e, channel = j * kSlice + lc;
@@ -276,8 +277,8 @@ __global__ void __launch_bounds__(kThreads, 1) implicitGemmKernel(
         }
       }
       asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-      if (ctid == 0) {
-        asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+      if (ctid == 0) {  // frees the buffer the next slice writes
+        asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kSlices - 2) : "memory");
       }
       asm volatile("bar.sync 1, 256;\n" ::: "memory");
       if (ctid == 0) {

@@ -17,6 +17,10 @@
 // Training keeps eager's convolution: there the route saves nothing, and its
 // engine's relu decisions near zero, so the mask and gradients, would
 // differ from eager's where eager's are the reference.
+// Small float32 convolutions with few channels (the inference forward)
+// take our direct convolution instead, one kernel for the convolution and
+// the epilogue (variant G): there cuDNN's launches and host overhead cost
+// more than the arithmetic.
 // Other dtypes run the reference composition; conv outputs that neither
 // epilogue takes run its pointwise part on the convolution already computed.
 
@@ -37,6 +41,7 @@
 #include <string>
 
 #include "kernels/conv/conv_relu_add.cuh"
+#include "kernels/conv/direct_conv.cuh"
 #include "kernels/conv/implicit_gemm_sm90.cuh"
 #include "ops/conv_relu_add.h"
 #include "ops/cuda/cuda_types.h"
@@ -316,6 +321,66 @@ at::Tensor forwardChannelsLast(
   return out;
 }
 
+// ---- variant G: the direct convolution for few channels
+
+// TORCHFUSE_CONV_DIRECT: unset or "auto": the inference forward takes the
+// direct convolution wherever it applies; "never": it does not.
+bool directAllowed() {
+  return envChoice("TORCHFUSE_CONV_DIRECT", {"auto", "never"}) == 0;
+}
+
+// The problem as the direct kernel sees it, where it takes it: a float32
+// batched 2-D convolution of one group on NCHW-contiguous input and weight
+// (eager's output is then NCHW, as the kernel writes it), up to
+// kRouteMinElements output elements.  Larger ones keep cuDNN, whose
+// arithmetic there outweighs its launches.
+std::optional<kernels::DirectConv> directProblem(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    at::IntArrayRef sizes) {
+  if (input.scalar_type() != at::kFloat || input.dim() != 4 || weight.dim() != 4 || groups != 1 ||
+      stride.size() != 2 || padding.size() != 2 || dilation.size() != 2 ||
+      !input.is_contiguous() || !weight.is_contiguous() ||
+      c10::multiply_integers(sizes) > kRouteMinElements || !directAllowed()) {
+    return std::nullopt;
+  }
+  const kernels::DirectConv g{
+      input.size(0), input.size(1), input.size(2), input.size(3), weight.size(0), weight.size(2),
+      weight.size(3), stride[0],    stride[1],    padding[0],    padding[1],    dilation[0],
+      dilation[1],   sizes[2],      sizes[3]};
+  if (!kernels::directConvTakes(g)) {
+    return std::nullopt;
+  }
+  return g;
+}
+
+at::Tensor forwardDirect(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& other,
+    const at::Scalar& alpha,
+    at::IntArrayRef sizes,
+    const kernels::DirectConv& g) {
+  c10::cuda::CUDAGuard guard(input.device());
+  const auto channel_other = perChannel(other, sizes, 1, at::kFloat);
+  const at::Tensor b = bias && bias->defined() ? bias->contiguous() : at::Tensor();
+  auto out = at::empty(sizes, input.options());
+  kernels::directConvReluAdd(
+      cudaPtr<float>(input), cudaPtr<float>(weight), b.defined() ? cudaPtr<float>(b) : nullptr,
+      channel_other.defined() ? cudaPtr<float>(channel_other) : nullptr, alpha.toFloat(),
+      cudaPtr<float>(out), g, at::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (!channel_other.defined()) {
+    out = at::add(out, other, alpha);  // as in forwardCuda
+  }
+  return out;
+}
+
 std::tuple<at::Tensor, at::Tensor> forwardCuda(
     const at::Tensor& input,
     const at::Tensor& weight,
@@ -330,6 +395,12 @@ std::tuple<at::Tensor, at::Tensor> forwardCuda(
   const auto sizes =
       checkConvReluAddInputs(input, weight, bias, stride, padding, dilation, groups, other);
   const bool usable = kernelInputs(input, weight, bias);
+  if (usable && !with_mask) {
+    if (const auto g =
+            directProblem(input, weight, stride, padding, dilation, groups, sizes)) {
+      return {forwardDirect(input, weight, bias, other, alpha, sizes, *g), at::Tensor()};
+    }
+  }
   if (usable &&
       takesChannelsLastRoute(input, weight, stride, padding, dilation, groups, sizes, with_mask)) {
     return {

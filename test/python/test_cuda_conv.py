@@ -21,6 +21,10 @@ definition or the CPU composition bit for bit in every dtype; input and
 weight gradients (cuDNN's convolution backward) are checked to float32, or
 float16/bfloat16, rounding.
 
+The direct convolution for few channels (variant G), which would take the
+small float32 inference cases, is off for the tests that pin the other
+paths (TORCHFUSE_CONV_DIRECT=never) and on for its own.
+
 Every test is marked `cuda` and skipped where torch sees no CUDA device.
 """
 
@@ -78,6 +82,13 @@ def _applies(name, layout):
 
 
 CASES = [(n, l) for n in SHAPES for l in LAYOUTS if _applies(n, l)]
+
+DIRECT = "TORCHFUSE_CONV_DIRECT"
+
+
+@pytest.fixture(autouse=True)
+def _direct_off(monkeypatch):
+    monkeypatch.setenv(DIRECT, "never")
 
 
 def _ints(shape, lo, hi, gen, dtype):
@@ -637,6 +648,149 @@ def test_implicit_gemm_declines(case, monkeypatch):
         assert not _implicit_gemm_ran(lambda: ops.custom_conv_relu_add(x, w, None, *args, other, 1.0))
 
 
+# The direct convolution for few channels (variant G): the inference forward
+# of small float32 NCHW convolutions with c * r * s * k (k rounded up to 8,
+# 16 or 32) <= 2048, k <= 32.
+DIRECT_SHAPES = {
+    # name: (x shape, weight shape, stride, padding, dilation); output in the comment
+    "bench-like": ((4, 3, 32, 32), (16, 3, 3, 3), 1, 0, 1),  # [4, 16, 30, 30]
+    "k5-partial": ((3, 3, 17, 19), (5, 3, 3, 3), 1, 0, 1),  # [3, 5, 15, 17]: 255 positions
+    "stride2-3x5": ((2, 2, 20, 21), (16, 2, 3, 5), 2, (1, 2), 1),  # [2, 16, 10, 11]
+    "dilation2-k32": ((2, 1, 15, 15), (32, 1, 3, 3), 1, 1, 2),  # [2, 32, 13, 13]
+    "1x1-c7": ((2, 7, 9, 40), (24, 7, 1, 1), 1, 0, 1),  # [2, 24, 9, 40]
+    "5x5-c4-k16": ((3, 4, 12, 12), (12, 4, 5, 5), 1, 2, 1),  # [3, 12, 12, 12]: 1600 macs
+    "many-images": ((300, 3, 6, 6), (8, 3, 3, 3), 1, 1, 1),  # [300, 8, 6, 6]
+}
+
+
+def _direct_ran(fn) -> bool:
+    return any("directConvKernel" in k for k in _kernels_run(fn))
+
+
+def _direct_args(st, pad, dil):
+    pair = lambda v: list(v) if isinstance(v, tuple) else [v, v]  # noqa: E731
+    return pair(st), pair(pad), pair(dil), 1
+
+
+@pytest.mark.parametrize("other_kind", ["channel", "scalar", "full", "none-bias"])
+@pytest.mark.parametrize("name", list(DIRECT_SHAPES))
+def test_direct_exact(name, other_kind, monkeypatch):
+    """Small integers (exact in every float32 sum): the kernel's output
+    equals relu(conv + b) + alpha * other bit for bit, over poisoned memory."""
+    monkeypatch.setenv(DIRECT, "auto")
+    xs, ws, st, pad, dil = DIRECT_SHAPES[name]
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(9)
+    x = _ints(xs, -3, 3, gen, torch.float32)
+    w = _ints(ws, -2, 2, gen, torch.float32)
+    b = None if other_kind == "none-bias" else _ints((ws[0],), -3, 3, gen, torch.float32)
+    args = _direct_args(st, pad, dil)
+    with tf32_flags(None, False):
+        t = F.conv2d(x, w, b, args[0], args[1], args[2])
+    other = {
+        "channel": _ints((ws[0], 1, 1), -3, 3, gen, torch.float32),
+        "scalar": _ints((1,), -3, 3, gen, torch.float32),
+        "full": _ints(t.shape, -3, 3, gen, torch.float32),
+        "none-bias": _ints((1, ws[0], 1, 1), -3, 3, gen, torch.float32),
+    }[other_kind]
+    with torch.no_grad():
+        assert _direct_ran(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 0.5))
+        poison_allocator([t.numel() * 4])
+        out = ops.custom_conv_relu_add(x, w, b, *args, other, 0.5)
+    assert out.is_contiguous()
+    assert torch.equal(out, torch.relu(t) + 0.5 * other)
+
+
+@pytest.mark.parametrize("name", list(DIRECT_SHAPES))
+def test_direct_random_signed(name, monkeypatch):
+    """Random signed inputs against float64: float32 accumulation, so within
+    2x eager's error under the default flags (cuDNN TF32 allowed) and within
+    1e-6 relative to the largest output."""
+    monkeypatch.setenv(DIRECT, "auto")
+    xs, ws, st, pad, dil = DIRECT_SHAPES[name]
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(run_seed())
+    x = signed_randn(*xs, dtype=torch.float32, generator=gen)
+    w = signed_randn(*ws, dtype=torch.float32, generator=gen)
+    b = signed_randn(ws[0], dtype=torch.float32, generator=gen)
+    other = signed_randn(ws[0], 1, 1, dtype=torch.float32, generator=gen)
+    args = _direct_args(st, pad, dil)
+    ref = torch.relu(F.conv2d(x.double(), w.double(), b.double(), *args[:3])) + 0.75 * other.double()
+    eager = torch.relu(F.conv2d(x, w, b, *args[:3])) + 0.75 * other
+    poison_allocator([ref.numel() * 4])
+    with torch.no_grad():
+        out = ops.custom_conv_relu_add(x, w, b, *args, other, 0.75)
+    err = rel_err(out, ref)
+    assert err <= 1e-6, err
+    assert err <= 2 * max(rel_err(eager, ref), 1e-7), (err, rel_err(eager, ref))
+
+
+def test_direct_nan_inf(monkeypatch):
+    """NaN and ±Inf in x and in `other` come out as in float64: relu(NaN) is
+    NaN, relu(-Inf) + Inf is Inf, relu(Inf) - Inf is NaN, and padding
+    multiplies an Inf weight into NaN as a zero input would."""
+    monkeypatch.setenv(DIRECT, "auto")
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(10)
+    x = _ints((2, 3, 11, 12), -2, 2, gen, torch.float32)
+    x[0, 1, 2, 5] = float("nan")
+    x[1, 2, 4, 9] = float("inf")
+    x[0, 0, 6, 2] = float("-inf")
+    w = _ints((16, 3, 3, 3), 0, 1, gen, torch.float32) * 2 - 1
+    w[3, 1, 0, 0] = float("inf")
+    b = _ints((16,), -3, 3, gen, torch.float32)
+    other = _ints((16, 1, 1), -3, 3, gen, torch.float32)
+    other[0::4] = float("inf")
+    other[1::4] = float("-inf")
+    args = ([1, 1], [1, 1], [1, 1], 1)
+    want = torch.relu(F.conv2d(x.double().cpu(), w.double().cpu(), b.double().cpu(), padding=1))
+    want = want + 0.5 * other.double().cpu()
+    assert want.isnan().any() and (want == float("inf")).any() and (want == float("-inf")).any()
+    with torch.no_grad():
+        assert _direct_ran(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 0.5))
+        out = ops.custom_conv_relu_add(x, w, b, *args, other, 0.5)
+    torch.testing.assert_close(out.double().cpu(), want, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("case", ["training", "fp16", "channels-last", "weight-cl", "groups2", "k33",
+                                  "macs2304", "wide-rows", "large", "3d", "never"])
+def test_direct_declines(case, monkeypatch):
+    """Problems outside the kernel's contract keep cuDNN's convolution."""
+    monkeypatch.setenv(DIRECT, "auto")
+    xs, ws, groups, dtype = (2, 4, 10, 10), (8, 4, 3, 3), 1, torch.float32
+    if case == "fp16":
+        dtype = torch.float16
+    elif case == "groups2":
+        ws, groups = (8, 2, 3, 3), 2
+    elif case == "k33":
+        ws = (33, 4, 3, 3)
+    elif case == "macs2304":  # 16 * 9 * 16
+        xs, ws = (2, 16, 10, 10), (16, 16, 3, 3)
+    elif case == "wide-rows":  # 8 channels x 3 rows x 2000 columns: 192 KB of input rows
+        xs, ws = (1, 8, 3, 2000), (8, 8, 3, 3)
+    elif case == "large":  # 2^24 + 4 * 1026 output elements
+        xs, ws = (1, 1, 4100, 4100), (1, 1, 1, 1)
+    elif case == "3d":
+        xs, ws = (2, 4, 5, 6, 7), (8, 4, 3, 3, 3)
+    elif case == "never":
+        monkeypatch.setenv(DIRECT, "never")
+    x = torch.randn(*xs, device="cuda", dtype=dtype)
+    w = torch.randn(*ws, device="cuda", dtype=dtype)
+    if case == "channels-last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    if case == "weight-cl":
+        w = w.contiguous(memory_format=torch.channels_last)
+    w.requires_grad_(case == "training")
+    nd = len(ws) - 2
+    other = torch.randn(ws[0], *([1] * nd), device="cuda", dtype=dtype)
+    args = ([1] * nd, [0] * nd, [1] * nd, groups)
+    assert not _direct_ran(lambda: ops.custom_conv_relu_add(x, w, None, *args, other, 1.0))
+    if case == "never":
+        monkeypatch.setenv(DIRECT, "on")
+        with pytest.raises(RuntimeError, match="TORCHFUSE_CONV_DIRECT to be auto or never, got \"on\""):
+            ops.custom_conv_relu_add(x, w, None, *args, other, 1.0)
+
+
 SANITIZER_CASE = textwrap.dedent(
     """
     import os, torch, torchfuse
@@ -676,6 +830,14 @@ SANITIZER_CASE = textwrap.dedent(
             buf = torch.empty(x.numel() + 1, device="cuda", dtype=dtype)  # scalar tiles
             buf[1:].copy_(x.reshape(-1))
             ops.custom_conv_relu_add(buf[1:].view(x.shape), w, b, *args, o, 1.0)
+    # the direct convolution: partial blocks, stride, dilation, padding, k of 8, 16 and 32
+    os.environ["TORCHFUSE_CONV_DIRECT"] = "auto"
+    for xs, ws, st, pad, dil in [((3, 3, 17, 19), (5, 3, 3, 3), 1, 0, 1), ((2, 2, 20, 21), (16, 2, 3, 5), 2, 2, 1),
+                                 ((2, 1, 15, 15), (32, 1, 3, 3), 1, 1, 2)]:
+        x = torch.randn(*xs, device="cuda")
+        w = torch.randn(*ws, device="cuda")
+        ops.custom_conv_relu_add(x, w, torch.randn(ws[0], device="cuda"), [st, st], [pad, pad], [dil, dil], 1,
+                                 torch.randn(ws[0], 1, 1, device="cuda"), 1.0)
     # the implicit-GEMM kernel (sm_90): partial tiles, k < 128, padding
     for xs, ws, pad in [((2, 64, 9, 22), (40, 64, 3, 3), [1, 1]), ((3, 32, 9, 126), (128, 32, 3, 3), [0, 0])]:
         x = torch.randn(*xs, device="cuda")

@@ -1,0 +1,44 @@
+#pragma once
+
+// custom_conv_relu_add's direct convolution for few channels (float32): one
+// kernel computes the convolution and the epilogue, where eager's cuDNN
+// convolution plus a separate pass cost more in launches and host overhead
+// than in arithmetic (kernels/conv/README.md, variant G).  Raw pointers
+// only; no dispatcher headers.
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace torchfuse::kernels {
+
+// A 2-D convolution of one group: x [n][c][h][w] * weight [k][c][r][s]
+// -> [n][k][p][q], all contiguous (nchw), with the usual stride, padding
+// and dilation per spatial dimension.
+struct DirectConv {
+  int64_t n, c, h, w, k, r, s;
+  int64_t stride_h, stride_w, pad_h, pad_w, dilation_h, dilation_w;
+  int64_t p, q;
+};
+
+// Whether the kernel takes this problem: k <= 32 output channels, at most
+// 2048 multiply-adds per output position (c * r * s * k, k rounded up to
+// 8, 16 or 32), the input rows a block reads within 48 KiB of shared
+// memory with the weights, and 32-bit element counts.
+bool directConvTakes(const DirectConv& g);
+
+// out = (t <= 0 ? 0 : t) + alpha * other[k] with t = conv + bias[k] (nchw),
+// relu(NaN) NaN; the convolution in float32, each output a fused
+// multiply-add chain over (c, r, s) in that order.  bias and other (k
+// values) may be null.
+void directConvReluAdd(
+    const float* x,
+    const float* weight,
+    const float* bias,
+    const float* other,
+    float alpha,
+    float* out,
+    const DirectConv& g,
+    cudaStream_t stream);
+
+}  // namespace torchfuse::kernels
