@@ -47,8 +47,8 @@ Tiling tiling(const ImplicitGemmConv& g) {
   t.plane_tx = t.pr * t.pw * 128;
   t.plane_bytes = (t.plane_tx + 1023) / 1024 * 1024;  // swizzle atoms stay aligned
   t.stage_bytes = kSlice * t.tr * int(g.q) * 4;
-  t.smem = 1024 + 2 * size_t(t.plane_bytes) + kStages * kWeightTile + kSlices * size_t(t.stage_bytes) +
-      8 * (2 * kStages + 4) + 2 * 128 * 4;
+  t.smem = 1024 + 2 * size_t(t.plane_bytes) + kStages * kWeightTile +
+      kSlices * size_t(t.stage_bytes) + 8 * (2 * kStages + 4) + 2 * 128 * 4;
   return t;
 }
 

@@ -332,8 +332,8 @@ bool directAllowed() {
 // The problem as the direct kernel sees it, where it takes it: a float32
 // batched 2-D convolution of one group on NCHW-contiguous input and weight
 // (eager's output is then NCHW, as the kernel writes it), up to
-// kRouteMinElements output elements.  Larger ones keep cuDNN, whose
-// arithmetic there outweighs its launches.
+// kRouteMinElements output elements, where launches dominate (measured to
+// 7.4M: x[512, 3, 32, 32] to 16 channels).  Larger ones keep cuDNN.
 std::optional<kernels::DirectConv> directProblem(
     const at::Tensor& input,
     const at::Tensor& weight,

@@ -484,6 +484,13 @@ IG_SHAPES = {
 }
 
 
+def _int_other(kind: str, out_shape, gen) -> torch.Tensor:
+    """Small-integer `other` of each broadcast form the exact tests take."""
+    k = out_shape[1]
+    shape = {"channel": (k, 1, 1), "scalar": (1,), "full": tuple(out_shape), "none-bias": (1, k, 1, 1)}[kind]
+    return _ints(shape, -3, 3, gen, torch.float32)
+
+
 def _round_tf32(t: torch.Tensor) -> torch.Tensor:
     """float32 rounded to TF32, to nearest with ties away from zero, as the
     kernel's input conversion (cvt.rna) does: add half of the dropped 13
@@ -510,12 +517,7 @@ def test_implicit_gemm_exact(name, other_kind, monkeypatch):
     args = ([1, 1], list(padding), [1, 1], 1)
     with tf32_flags(None, False):
         t = F.conv2d(x, w, b, padding=padding)
-    other = {
-        "channel": _ints((ws[0], 1, 1), -3, 3, gen, torch.float32),
-        "scalar": _ints((1,), -3, 3, gen, torch.float32),
-        "full": _ints(t.shape, -3, 3, gen, torch.float32),
-        "none-bias": _ints((1, ws[0], 1, 1), -3, 3, gen, torch.float32),
-    }[other_kind]
+    other = _int_other(other_kind, t.shape, gen)
     poison_allocator([t.numel() * 4])
     with torch.no_grad():
         assert _implicit_gemm_ran(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 0.5))
@@ -687,12 +689,7 @@ def test_direct_exact(name, other_kind, monkeypatch):
     args = _direct_args(st, pad, dil)
     with tf32_flags(None, False):
         t = F.conv2d(x, w, b, args[0], args[1], args[2])
-    other = {
-        "channel": _ints((ws[0], 1, 1), -3, 3, gen, torch.float32),
-        "scalar": _ints((1,), -3, 3, gen, torch.float32),
-        "full": _ints(t.shape, -3, 3, gen, torch.float32),
-        "none-bias": _ints((1, ws[0], 1, 1), -3, 3, gen, torch.float32),
-    }[other_kind]
+    other = _int_other(other_kind, t.shape, gen)
     with torch.no_grad():
         assert _direct_ran(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 0.5))
         poison_allocator([t.numel() * 4])
