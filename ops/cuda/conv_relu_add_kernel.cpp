@@ -101,6 +101,38 @@ at::Tensor perChannel(
       : at::Tensor();
 }
 
+// What every epilogue kernel reads besides the conv output: the conv bias,
+// contiguous, and `other` as C per-channel values where it is one
+// (perChannel); either undefined where there is none to fuse.
+struct EpilogueOperands {
+  at::Tensor bias, other;
+
+  EpilogueOperands(
+      const std::optional<at::Tensor>& conv_bias,
+      const at::Tensor& other_in,
+      at::IntArrayRef sizes,
+      int64_t channel_dim,
+      at::ScalarType dtype)
+      : bias(conv_bias && conv_bias->defined() ? conv_bias->contiguous() : at::Tensor()),
+        other(perChannel(other_in, sizes, channel_dim, dtype)) {}
+
+  template <typename T>
+  auto* biasPtr() const {
+    return bias.defined() ? cudaPtr<T>(bias) : nullptr;
+  }
+  template <typename T>
+  auto* otherPtr() const {
+    return other.defined() ? cudaPtr<T>(other) : nullptr;
+  }
+
+  // out, plus `other` where the kernel did not fuse it: a full or otherwise
+  // broadcast `other`, or one of another dtype, takes eager's add, with its
+  // broadcasting and type promotion.
+  at::Tensor addUnfused(at::Tensor out, const at::Tensor& other_in, const at::Scalar& alpha) const {
+    return other.defined() ? out : at::add(out, other_in, alpha);
+  }
+};
+
 // ---- variant E: the channels-last route for NCHW inputs
 
 // NB: below this many output elements the route's two extra launches cost
@@ -265,8 +297,7 @@ at::Tensor forwardChannelsLast(
   const auto stream = at::cuda::getCurrentCUDAStream();
   const auto dtype = input.scalar_type();
   const int64_t images = input.size(0), in_channels = input.size(1);
-  const auto channel_other = perChannel(other, sizes, 1, dtype);
-  const at::Tensor b = bias && bias->defined() ? bias->contiguous() : at::Tensor();
+  const EpilogueOperands operands(bias, other, sizes, 1, dtype);
   if (const auto g = implicitGemmProblem(input, weight, stride, padding, dilation, groups, sizes)) {
     // Variant F: x to nhwc and the weight to [k][r][s][c], both rounded to
     // TF32, then one kernel for the convolution and the epilogue.
@@ -281,16 +312,12 @@ at::Tensor forwardChannelsLast(
     auto out = at::empty(sizes, input.options());
     TORCH_CHECK(
         kernels::implicitGemmConvReluAdd(
-            cudaPtr<float>(x), cudaPtr<float>(w), b.defined() ? cudaPtr<float>(b) : nullptr,
-            channel_other.defined() ? cudaPtr<float>(channel_other) : nullptr, alpha.toFloat(),
-            cudaPtr<float>(out), *g, stream),
+            cudaPtr<float>(x), cudaPtr<float>(w), operands.biasPtr<float>(), operands.otherPtr<float>(),
+            alpha.toFloat(), cudaPtr<float>(out), *g, stream),
         "torchfuse::custom_conv_relu_add: the CUDA driver refused the tensor maps of the "
         "implicit-GEMM convolution");
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    if (!channel_other.defined()) {
-      out = at::add(out, other, alpha);  // as in forwardCuda
-    }
-    return out;
+    return operands.addUnfused(out, other, alpha);
   }
   auto x = at::empty_like(input, at::MemoryFormat::ChannelsLast);
   DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add", [&] {
@@ -310,15 +337,11 @@ at::Tensor forwardChannelsLast(
   auto out = at::empty(sizes, input.options());
   DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add", [&] {
     kernels::convReluAddEpilogueNhwcToNchw(
-        cudaPtr<scalar_t>(conv), b.defined() ? cudaPtr<scalar_t>(b) : nullptr,
-        channel_other.defined() ? cudaPtr<scalar_t>(channel_other) : nullptr, alpha.toFloat(),
-        cudaPtr<scalar_t>(out), e.images, e.channels, e.positions, stream);
+        cudaPtr<scalar_t>(conv), operands.biasPtr<scalar_t>(), operands.otherPtr<scalar_t>(),
+        alpha.toFloat(), cudaPtr<scalar_t>(out), e.images, e.channels, e.positions, stream);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (!channel_other.defined()) {
-    out = at::add(out, other, alpha);  // as in forwardCuda
-  }
-  return out;
+  return operands.addUnfused(out, other, alpha);
 }
 
 // ---- variant G: the direct convolution for few channels
@@ -367,18 +390,14 @@ at::Tensor forwardDirect(
     at::IntArrayRef sizes,
     const kernels::DirectConv& g) {
   c10::cuda::CUDAGuard guard(input.device());
-  const auto channel_other = perChannel(other, sizes, 1, at::kFloat);
-  const at::Tensor b = bias && bias->defined() ? bias->contiguous() : at::Tensor();
+  const EpilogueOperands operands(bias, other, sizes, 1, at::kFloat);
   auto out = at::empty(sizes, input.options());
   kernels::directConvReluAdd(
-      cudaPtr<float>(input), cudaPtr<float>(weight), b.defined() ? cudaPtr<float>(b) : nullptr,
-      channel_other.defined() ? cudaPtr<float>(channel_other) : nullptr, alpha.toFloat(),
-      cudaPtr<float>(out), g, at::cuda::getCurrentCUDAStream());
+      cudaPtr<float>(input), cudaPtr<float>(weight), operands.biasPtr<float>(),
+      operands.otherPtr<float>(), alpha.toFloat(), cudaPtr<float>(out), g,
+      at::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (!channel_other.defined()) {
-    out = at::add(out, other, alpha);  // as in forwardCuda
-  }
-  return out;
+  return operands.addUnfused(out, other, alpha);
 }
 
 std::tuple<at::Tensor, at::Tensor> forwardCuda(
@@ -449,13 +468,12 @@ std::tuple<at::Tensor, at::Tensor> forwardCuda(
     mask = at::empty({convMaskBytes(e, order)}, input.options().dtype(at::kByte));
   }
   const auto dtype = input.scalar_type();
-  const auto channel_other = perChannel(other, sizes, batched ? 1 : 0, dtype);
-  const at::Tensor b = bias && bias->defined() ? bias->contiguous() : at::Tensor();
+  const EpilogueOperands operands(bias, other, sizes, batched ? 1 : 0, dtype);
   uint32_t* mask_ptr = with_mask ? reinterpret_cast<uint32_t*>(mask.data_ptr<uint8_t>()) : nullptr;
   const auto stream = at::cuda::getCurrentCUDAStream();
   DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add", [&] {
-    const auto* bias_ptr = b.defined() ? cudaPtr<scalar_t>(b) : nullptr;
-    const auto* other_ptr = channel_other.defined() ? cudaPtr<scalar_t>(channel_other) : nullptr;
+    const auto* bias_ptr = operands.biasPtr<scalar_t>();
+    const auto* other_ptr = operands.otherPtr<scalar_t>();
     if (streaming) {
       kernels::convReluAddEpiloguePositionsInner(
           cudaPtr<scalar_t>(out), bias_ptr, other_ptr, alpha.toFloat(), cudaPtr<scalar_t>(out),
@@ -467,12 +485,7 @@ std::tuple<at::Tensor, at::Tensor> forwardCuda(
     }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  if (!channel_other.defined()) {
-    // A full or otherwise broadcast `other`, or one of another dtype: eager's
-    // add, with its broadcasting and type promotion.
-    out = at::add(out, other, alpha);
-  }
-  return {out, mask};
+  return {operands.addUnfused(out, other, alpha), mask};
 }
 
 at::Tensor convReluAddCuda(
