@@ -121,6 +121,14 @@ def main() -> int:
             rows[f"op fwd, {name}"] = median_ms(op(name, False), args.reps)
     rows["eager fwd+bwd"] = median_ms(eager_fwdbwd(), args.reps)
     rows["op fwd+bwd, C"] = median_ms(op("C", True), args.reps)
+    # =always: the training forward stays C; the backward takes the route's
+    # channels-last gradient convolutions (the default for this size)
+    rows["op fwd+bwd, C + channels-last backward"] = median_ms(op("F", True), args.reps)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        op("F", True)()
+        torch.cuda.synchronize()
+    steps = sorted(((e.time_range.elapsed_us() / 1e3, e.name) for e in prof.events() if e.device_type.name == "CUDA"),
+                   reverse=True)
 
     # the routes' own kernels, from the profiler
     names = {"Identity": "kernel: x to NHWC (E)",
@@ -149,10 +157,14 @@ def main() -> int:
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
     for k, v in rows.items():
         print(f"  {k:{width}s} {v:8.3f} ms")
+    print("  fwd+bwd with the channels-last backward, its longest kernels:")
+    for t, name in steps[:10]:
+        print(f"    {t:8.3f} ms  {name[:100]}")
     print("  error vs float64: " + ", ".join(f"{k} {v:.3e}" for k, v in errors.items()))
     print(f"  fwd speed-up vs eager: C {rows['eager fwd'] / rows['op fwd, C']:.2f}x, "
           f"E {rows['eager fwd'] / rows['op fwd, E']:.2f}x, F {rows['eager fwd'] / rows['op fwd, F']:.2f}x; fwd+bwd: "
-          f"C {rows['eager fwd+bwd'] / rows['op fwd+bwd, C']:.2f}x")
+          f"C {rows['eager fwd+bwd'] / rows['op fwd+bwd, C']:.2f}x, "
+          f"C + channels-last backward {rows['eager fwd+bwd'] / rows['op fwd+bwd, C + channels-last backward']:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,

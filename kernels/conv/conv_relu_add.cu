@@ -258,17 +258,23 @@ __device__ __forceinline__ void storePack(T* p, const float (&v)[kUnit]) {
   *reinterpret_cast<Pack<T, kUnit>*>(p) = pack;
 }
 
-// ---- the channels-last route's conversions: dst[b][j][i] = f(j, src[b][i][j])
+// ---- the channels-last route's conversions:
+// dst[b][j][i] = f(b, i, j, src[b][i][j])
 
+// A functor with kRowSums and non-null sums also gets, per source row i and
+// block of columns, the sum of its values into
+// sums[(b * column_blocks + block) * rows + i].
 struct Identity {
-  __device__ __forceinline__ float operator()(int64_t, float v) const {
+  static constexpr bool kRowSums = false;
+  __device__ __forceinline__ float operator()(int64_t, int64_t, int64_t, float v) const {
     return v;
   }
 };
 
 // v rounded to TF32, to nearest with ties away from zero (cvt.rna).
 struct RoundTf32 {
-  __device__ __forceinline__ float operator()(int64_t, float v) const {
+  static constexpr bool kRowSums = false;
+  __device__ __forceinline__ float operator()(int64_t, int64_t, int64_t, float v) const {
     uint32_t r;
     asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
     return __uint_as_float(r);
@@ -278,12 +284,26 @@ struct RoundTf32 {
 // t = v + bias[c]; (t <= 0 ? 0 : t) + alpha * other[c], as reluAdd.
 template <typename T>
 struct BiasReluAdd {
+  static constexpr bool kRowSums = false;
   const T* bias;
   const T* other;
   float alpha;
-  __device__ __forceinline__ float operator()(int64_t c, float v) const {
+  __device__ __forceinline__ float operator()(int64_t, int64_t, int64_t c, float v) const {
     const float t = v + (bias ? load(bias + c) : 0.f);
     return (!(t <= 0.f) ? t : 0.f) + (other ? alpha * load(other + c) : 0.f);
+  }
+};
+
+// g = dy where the relu passed (mask bit of the element's logical nchw
+// index set, as in reluAdd), else 0: a select, so a NaN dy passes as NaN.
+struct MaskedGrad {
+  static constexpr bool kRowSums = true;  // the bias gradient's partial sums
+  const uint32_t* mask;
+  double* sums;
+  int64_t rows, cols;
+  __device__ __forceinline__ float operator()(int64_t b, int64_t i, int64_t j, float v) const {
+    const int64_t e = (b * rows + i) * cols + j;
+    return (__ldg(mask + (e >> 5)) >> (e & 31)) & 1u ? v : 0.f;
   }
 };
 
@@ -305,8 +325,23 @@ __global__ void __launch_bounds__(kTile * kRows) transposeKernel(
     T* o = dst + b * rows * cols;
     for (int64_t i0 = int64_t(blockIdx.y) * kTile; i0 < rows; i0 += int64_t(gridDim.y) * kTile) {
       for (int k = threadIdx.y; k < kTile; k += kRows) {
-        if (i0 + k < rows && j0 + lane < cols) {
-          tile[k][lane] = f(j0 + lane, load(in + (i0 + k) * cols + j0 + lane));
+        const bool inside = i0 + k < rows && j0 + lane < cols;
+        float t = 0.f;
+        if (inside) {
+          t = f(b, i0 + k, j0 + lane, load(in + (i0 + k) * cols + j0 + lane));
+          tile[k][lane] = t;
+        }
+        if constexpr (F::kRowSums) {  // a warp is one row of the tile
+          if (f.sums == nullptr) {
+            continue;
+          }
+#pragma unroll
+          for (int d = 1; d < kTile; d <<= 1) {
+            t += __shfl_xor_sync(0xffffffffu, t, d);
+          }
+          if (lane == 0 && i0 + k < rows) {
+            f.sums[(b * gridDim.x + blockIdx.x) * rows + i0 + k] = t;
+          }
         }
       }
       __syncthreads();
@@ -357,11 +392,26 @@ __global__ void __launch_bounds__(kThreads) transposeVecKernel(
 #pragma unroll
       for (int p = 0; p < kVecTile / kLinesPerPass; ++p) {
         const int r = line + p * kLinesPerPass;
+        float sum = 0.f;
         // NB: f reads per-column values: only for columns that exist.
         if (i0 + r < rows && j0 + part < cols) {
 #pragma unroll
           for (int k = 0; k < kUnit; ++k) {
-            tile[r][part + k] = f(j0 + part + k, v[p][k]);
+            const float t = f(b, i0 + r, j0 + part + k, v[p][k]);
+            tile[r][part + k] = t;
+            sum += t;
+          }
+        }
+        if constexpr (F::kRowSums) {  // a line's lanes are consecutive
+          if (f.sums == nullptr) {
+            continue;
+          }
+#pragma unroll
+          for (int d = 1; d < kLanesPerLine; d <<= 1) {
+            sum += __shfl_xor_sync(0xffffffffu, sum, d);
+          }
+          if (threadIdx.x % kLanesPerLine == 0 && i0 + r < rows) {
+            f.sums[(b * gridDim.x + blockIdx.x) * rows + i0 + r] = sum;
           }
         }
       }
@@ -383,21 +433,23 @@ __global__ void __launch_bounds__(kThreads) transposeVecKernel(
   }
 }
 
+// Returns the blocks of columns (the row sums' column_blocks).
 template <typename T, typename F>
-void launchTranspose(
+int64_t launchTranspose(
     const T* src, T* dst, int64_t batch, int64_t rows, int64_t cols, F f, cudaStream_t stream) {
   if (batch == 0 || rows == 0 || cols == 0) {
-    return;
+    return 0;
   }
   constexpr int kUnit = 16 / sizeof(T);
   if (aligned16(src) && aligned16(dst) && rows % kUnit == 0 && cols % kUnit == 0) {
     const auto vec_tiles = [](int64_t e) { return (e + kVecTile - 1) / kVecTile; };
-    transposeVecKernel<T, F><<<grid(vec_tiles(cols), vec_tiles(rows), batch), kThreads, 0, stream>>>(
-        src, dst, batch, rows, cols, f);
-  } else {
-    transposeKernel<T, F><<<grid(tiles(cols), tiles(rows), batch), dim3(kTile, kRows), 0, stream>>>(
-        src, dst, batch, rows, cols, f);
+    const dim3 blocks = grid(vec_tiles(cols), vec_tiles(rows), batch);
+    transposeVecKernel<T, F><<<blocks, kThreads, 0, stream>>>(src, dst, batch, rows, cols, f);
+    return blocks.x;
   }
+  const dim3 blocks = grid(tiles(cols), tiles(rows), batch);
+  transposeKernel<T, F><<<blocks, dim3(kTile, kRows), 0, stream>>>(src, dst, batch, rows, cols, f);
+  return blocks.x;
 }
 
 // t = conv + b; the mask bit !(t <= 0) (NB: NaN compares false, stays NaN
@@ -735,6 +787,18 @@ void transposeBatchedTf32(
   launchTranspose(src, dst, batch, rows, cols, RoundTf32{}, stream);
 }
 
+int64_t convReluAddGradNchwToNhwcParts(int64_t n, int64_t c, int64_t s) {
+  return n * tiles(s);  // at most: the vector tiles make half as many
+}
+
+template <typename T>
+int64_t convReluAddGradNchwToNhwc(
+    const T* dy, const uint32_t* mask, T* g, double* sum_g, int64_t n, int64_t c, int64_t s,
+    cudaStream_t stream) {
+  // per image, the nchw [C][S] gradient into nhwc [S][C], masked
+  return n * launchTranspose(dy, g, n, c, s, MaskedGrad{mask, sum_g, c, s}, stream);
+}
+
 template <typename T>
 void convReluAddEpilogueNhwcToNchw(
     const T* conv, const T* bias, const T* other, float alpha, T* out, int64_t n, int64_t c,
@@ -757,6 +821,8 @@ void convReluAddEpilogueNhwcToNchw(
       const T*, bool, const uint32_t*, T*, bool, double*, double*, int64_t, int64_t,     \
       int64_t, cudaStream_t);                                                            \
   template void transposeBatched<T>(const T*, T*, int64_t, int64_t, int64_t, cudaStream_t); \
+  template int64_t convReluAddGradNchwToNhwc<T>(                                         \
+      const T*, const uint32_t*, T*, double*, int64_t, int64_t, int64_t, cudaStream_t);  \
   template void convReluAddEpilogueNhwcToNchw<T>(                                        \
       const T*, const T*, const T*, float, T*, int64_t, int64_t, int64_t, cudaStream_t);
 TORCHFUSE_INSTANTIATE(float)

@@ -132,6 +132,26 @@ void transposeBatchedTf32(
     int64_t cols,
     cudaStream_t stream);
 
+// The relu's gradient of an nchw conv output for a channels-last
+// convolution backward, in one pass: g = mask bit ? dy : 0, dy nchw
+// [n][c][s], mask in the output's logical (nchw) order, g written nhwc
+// [n][s][c].  g must not overlap dy.  With sum_g (at least
+// convReluAddGradNchwToNhwcParts(n, c, s) rows of c), also the bias
+// gradient's partial sums, one row of c per block of positions; returns the
+// rows written.
+int64_t convReluAddGradNchwToNhwcParts(int64_t n, int64_t c, int64_t s);
+
+template <typename T>
+int64_t convReluAddGradNchwToNhwc(
+    const T* dy,
+    const uint32_t* mask,
+    T* g,
+    double* sum_g,
+    int64_t n,
+    int64_t c,
+    int64_t s,
+    cudaStream_t stream);
+
 // From the nhwc conv output `conv`, in one pass:
 //   t = conv + bias[c];  out = (t <= 0 ? 0 : t) + alpha * other[c]
 // written nchw.  bias and other (C values each) may be null; out must not

@@ -431,6 +431,103 @@ def test_channels_last_route_rejects_unknown_setting(monkeypatch):
         ops.custom_conv_relu_add(x, w, b, *args, other, 1.0)
 
 
+def _masked_grad_ran(fn) -> bool:
+    """Whether fn() ran the route's backward: its masking pass that writes g
+    NHWC (profiler)."""
+    return any("MaskedGrad" in k for k in _kernels_run(fn))
+
+
+@pytest.mark.parametrize("grad_format", GRAD_FORMATS)
+@pytest.mark.parametrize("name", ROUTE_CASES)
+def test_channels_last_route_backward(name, grad_format, monkeypatch):
+    """The route's backward of an NCHW float32 convolution (g made NHWC by
+    the masking pass, cuDNN's channels-last gradient convolutions, the input
+    gradient back to NCHW) gives the CPU's gradients on small integers, in
+    eager's memory formats, whatever grad_output's format."""
+    monkeypatch.setenv(ROUTE, "always")
+    x, w, b, other, args = _inputs(name, "nchw", torch.float32, seed=2)
+    out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 1.0)
+    out_cpu, mask_cpu = ops.custom_conv_relu_add_forward(x.cpu(), w.cpu(), b.cpu(), *args, other.cpu(), 1.0)
+    assert torch.equal(out.cpu(), out_cpu) and torch.equal(mask.cpu(), mask_cpu)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(3)
+    gy = _grad_like(out.shape, grad_format, out, gen)
+    want = ops.custom_conv_relu_add_backward(gy.cpu(), mask_cpu, x.cpu(), w.cpu(), *args, [True, True, True])
+    assert _masked_grad_ran(lambda: ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True]))
+    poison_allocator(nbytes_of(x, w, b, out))
+    got = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True])
+    assert got[0].is_contiguous() and got[1].is_contiguous()
+    _assert_grads_match(got, want)
+
+
+@pytest.mark.parametrize("output_mask", [[True, False, False], [False, True, True], [False, False, True]])
+def test_channels_last_route_backward_partial(output_mask, monkeypatch):
+    """Only the gradients asked for; the bias gradient alone needs no
+    convolution, so it takes the NCHW pass."""
+    monkeypatch.setenv(ROUTE, "always")
+    x, w, b, other, args = _inputs("s99-c40", "nchw", torch.float32, seed=2)
+    out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 1.0)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(4)
+    gy = _grad_like(out.shape, "nchw", out, gen)
+    want = ops.custom_conv_relu_add_backward(gy.cpu(), mask.cpu(), x.cpu(), w.cpu(), *args, output_mask)
+    ran = _masked_grad_ran(lambda: ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, output_mask))
+    assert ran == (output_mask[0] or output_mask[1])
+    got = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, output_mask)
+    for asked, g, r, what in zip(output_mask, got, want, ("input", "weight", "bias")):
+        assert (g is not None) == asked, what
+        if asked:
+            _assert_grads_match([g], [r], names=(what,))
+
+
+def test_channels_last_route_backward_declines(monkeypatch):
+    """The NCHW backward stays for float16, channels-last inputs and
+    TORCHFUSE_CONV_CHANNELS_LAST=never."""
+    monkeypatch.setenv(ROUTE, "always")
+    for dtype, layout in ((torch.float16, "nchw"), (torch.float32, "channels-last")):
+        x, w, b, other, args = _inputs("s99-c40", layout, dtype, seed=2)
+        out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 1.0)
+        gy = torch.ones_like(out)
+        assert not _masked_grad_ran(lambda: ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True]))
+    monkeypatch.setenv(ROUTE, "never")
+    x, w, b, other, args = _inputs("s99-c40", "nchw", torch.float32, seed=2)
+    out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 1.0)
+    gy = torch.ones_like(out)
+    assert not _masked_grad_ran(lambda: ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True]))
+
+
+def test_channels_last_route_backward_random_signed(monkeypatch):
+    """By default (a 2^24-element output, TF32 as eager) the route's backward
+    runs, and through autograd the gradients' errors against float64 are at
+    most 2x eager's (which shares the forward's relu decisions: both use
+    eager's convolution in training)."""
+    monkeypatch.delenv(ROUTE, raising=False)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(run_seed())
+    x = signed_randn(32, 64, 66, 66, dtype=torch.float32, generator=gen)
+    w = signed_randn(128, 64, 3, 3, dtype=torch.float32, generator=gen) / 24
+    b = signed_randn(128, dtype=torch.float32, generator=gen)
+    other = signed_randn(128, 1, 1, dtype=torch.float32, generator=gen)
+    gy = signed_randn(32, 128, 64, 64, dtype=torch.float32, generator=gen)
+    args = ([1, 1], [0, 0], [1, 1], 1)
+
+    def grads(fn, dtype):
+        leaves = [t.detach().to(dtype).requires_grad_(True) for t in (x, w, b)]
+        fn(*leaves).backward(gy.to(dtype))
+        return [t.grad for t in leaves]
+
+    ref = grads(lambda x_, w_, b_: torch.relu(F.conv2d(x_, w_, b_)) + other.double(), torch.float64)
+    eager = grads(lambda x_, w_, b_: torch.relu(F.conv2d(x_, w_, b_)) + other, torch.float32)
+    fused = lambda x_, w_, b_: ops.custom_conv_relu_add(x_, w_, b_, *args, other, 1.0)
+    leaves = [t.detach().requires_grad_(True) for t in (x, w, b)]
+    assert _masked_grad_ran(lambda: ops.custom_conv_relu_add(*leaves, *args, other, 1.0).backward(gy))
+    got = grads(fused, torch.float32)
+    for what, g, e, r in zip(("input", "weight", "bias"), got, eager, ref):
+        assert g.is_contiguous()
+        err, eager_err = rel_err(g, r), rel_err(e, r)
+        assert err <= 2 * eager_err + 1e-6, f"grad of {what}: error {err:.3e} vs eager's {eager_err:.3e}"
+
+
 @pytest.mark.parametrize("xs", [(32, 64, 66, 66), (8, 64, 130, 130)], ids=["q64", "q128"])
 @pytest.mark.parametrize("cudnn_tf32", [True, False])
 def test_channels_last_route_only_where_eager_is_tf32(cudnn_tf32, xs, monkeypatch):
@@ -827,6 +924,9 @@ SANITIZER_CASE = textwrap.dedent(
             buf = torch.empty(x.numel() + 1, device="cuda", dtype=dtype)  # scalar tiles
             buf[1:].copy_(x.reshape(-1))
             ops.custom_conv_relu_add(buf[1:].view(x.shape), w, b, *args, o, 1.0)
+            if dtype == torch.float32:  # the route's backward
+                out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, o, 1.0)
+                ops.custom_conv_relu_add_backward(torch.randn_like(out), mask, x, w, *args, [True, True, True])
     # the direct convolution: partial blocks, stride, dilation, padding, k of 8, 16 and 32
     os.environ["TORCHFUSE_CONV_DIRECT"] = "auto"
     for xs, ws, st, pad, dil in [((3, 3, 17, 19), (5, 3, 3, 3), 1, 0, 1), ((2, 2, 20, 21), (16, 2, 3, 5), 2, 2, 1),
