@@ -174,24 +174,28 @@ RouteMode routeMode() {
       envChoice("TORCHFUSE_CONV_CHANNELS_LAST", {"auto", "never", "always"}));
 }
 
-// Whether eager's convolution of exactly this problem rounds its inputs to
-// TF32.  NB: asked of eager itself, once per problem: ATen caches one plan
-// per problem (sizes, strides, dtype, device, flags), so the convolution of
-// x = 1 + d and w = 1 runs the engine eager runs.  d = 3 * 2^-13 needs 13
-// mantissa bits: TF32 (10) rounds it away under any rounding mode, float32
-// keeps it, so the outputs' sum grows by the factor 1 + d against x = 1
-// exactly when the engine computes in float32.
+enum class ConvPass { kForward, kDataGradient, kWeightGradient };
+
+// Whether eager's convolution (or one of its gradient convolutions) of
+// exactly this problem rounds its inputs to TF32.  NB: asked of eager
+// itself, once per problem and pass: ATen caches one plan per problem
+// (sizes, strides, dtype, device, flags), so the pass run on constants runs
+// the engine eager runs.  One operand is 1 + d, the other 1; d = 3 * 2^-13
+// needs 13 mantissa bits: TF32 (10) rounds it away under any rounding mode,
+// float32 keeps it, so the result's sum grows by the factor 1 + d against
+// 1 exactly when the engine computes in float32.
 bool eagerConvIsTf32(
     const at::Tensor& input,
     const at::Tensor& weight,
     at::IntArrayRef stride,
     at::IntArrayRef padding,
     at::IntArrayRef dilation,
-    int64_t groups) {
+    int64_t groups,
+    ConvPass pass = ConvPass::kForward) {
   const auto& ctx = at::globalContext();
   std::vector<int64_t> key = {
-      input.get_device(), static_cast<int64_t>(input.scalar_type()), groups,
-      ctx.userEnabledCuDNN(), ctx.benchmarkCuDNN(), ctx.deterministicCuDNN(),
+      static_cast<int64_t>(pass), input.get_device(), static_cast<int64_t>(input.scalar_type()),
+      groups, ctx.userEnabledCuDNN(), ctx.benchmarkCuDNN(), ctx.deterministicCuDNN(),
       ctx.deterministicAlgorithms(), ctx.allowTF32CuDNN(at::Float32Op::CONV)};
   for (const auto list : {input.sizes(), input.strides(), weight.sizes(), weight.strides(),
                           stride, padding, dilation}) {
@@ -205,13 +209,33 @@ bool eagerConvIsTf32(
     return it->second;
   }
   constexpr double kDelta = 3.0 / 8192;
-  auto x = at::empty_strided(input.sizes(), input.strides(), input.options());
-  const auto w = at::empty_strided(weight.sizes(), weight.strides(), weight.options()).fill_(1);
+  auto x = at::empty_strided(input.sizes(), input.strides(), input.options()).fill_(1);
+  auto w = at::empty_strided(weight.sizes(), weight.strides(), weight.options()).fill_(1);
+  at::Tensor g;
+  if (pass != ConvPass::kForward) {  // in the layout eager's relu backward gives
+    g = at::empty_like(convolve(x, w, std::nullopt, stride, padding, dilation, groups)).fill_(1);
+  }
   const auto sum = [&](double value) {
-    x.fill_(value);
-    return convolve(x, w, std::nullopt, stride, padding, dilation, groups)
-        .sum(at::kDouble)
-        .item<double>();
+    switch (pass) {
+      case ConvPass::kForward:
+        x.fill_(value);
+        return convolve(x, w, std::nullopt, stride, padding, dilation, groups)
+            .sum(at::kDouble)
+            .item<double>();
+      case ConvPass::kDataGradient:
+        g.fill_(value);
+        return std::get<0>(convolveBackward(
+                               g, x, w, stride, padding, dilation, groups, {true, false, false}))
+            .sum(at::kDouble)
+            .item<double>();
+      case ConvPass::kWeightGradient:
+        x.fill_(value);
+        return std::get<1>(convolveBackward(
+                               g, x, w, stride, padding, dilation, groups, {false, true, false}))
+            .sum(at::kDouble)
+            .item<double>();
+    }
+    return 0.0;
   };
   const double grown = sum(1 + kDelta) / sum(1);
   const bool tf32 = grown < 1 + kDelta / 2;
@@ -244,6 +268,31 @@ bool takesChannelsLastRoute(
       at::globalContext().allowTF32CuDNN(at::Float32Op::CONV) &&
       c10::cuda::currentStreamCaptureStatusMayInitCtx() == c10::cuda::CaptureStatus::None &&
       eagerConvIsTf32(input, weight, stride, padding, dilation, groups);
+}
+
+// The route's backward (float32, the gradient of the input or the weight
+// asked for): where the route would take the forward, and by default only
+// where eager's own gradient convolutions asked for are TF32 as well, so
+// that both round alike.
+bool takesChannelsLastBackward(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    at::IntArrayRef sizes,
+    std::array<bool, 3> output_mask) {
+  if (input.scalar_type() != at::kFloat || !(output_mask[0] || output_mask[1]) ||
+      !takesChannelsLastRoute(input, weight, stride, padding, dilation, groups, sizes)) {
+    return false;
+  }
+  const auto tf32 = [&](bool asked, ConvPass pass) {
+    return !asked || eagerConvIsTf32(input, weight, stride, padding, dilation, groups, pass);
+  };
+  return routeMode() == RouteMode::kAlways ||
+      (tf32(output_mask[0], ConvPass::kDataGradient) &&
+       tf32(output_mask[1], ConvPass::kWeightGradient));
 }
 
 // TORCHFUSE_CONV_IMPLICIT_GEMM: unset or "auto": the route convolves with
@@ -607,9 +656,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackwardCuda(
   // g goes to convolution_backward in the conv output's layout, as eager's
   // relu backward gives it; that layout is the mask's order.
   at::Tensor g, sum_g;
-  if (order == ConvMaskOrder::PositionsInner && input.scalar_type() == at::kFloat &&
-      (output_mask[0] || output_mask[1]) &&
-      takesChannelsLastRoute(input, weight, stride, padding, dilation, groups, sizes)) {
+  if (takesChannelsLastBackward(
+          input, weight, stride, padding, dilation, groups, sizes, output_mask)) {
     return backwardChannelsLast(
         dy, mask_ptr, input, weight, stride, padding, dilation, groups, output_mask, sizes);
   }

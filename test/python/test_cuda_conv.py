@@ -496,11 +496,13 @@ def test_channels_last_route_backward_declines(monkeypatch):
     assert not _masked_grad_ran(lambda: ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True]))
 
 
-def test_channels_last_route_backward_random_signed(monkeypatch):
-    """By default (a 2^24-element output, TF32 as eager) the route's backward
-    runs, and through autograd the gradients' errors against float64 are at
-    most 2x eager's (which shares the forward's relu decisions: both use
-    eager's convolution in training)."""
+@pytest.mark.parametrize("cudnn_tf32", [True, False])
+def test_channels_last_route_backward_random_signed(cudnn_tf32, monkeypatch):
+    """By default the route's backward runs where eager's gradient
+    convolutions are TF32 (a 2^24-element output under the default flags,
+    not with cuDNN TF32 off), and through autograd the gradients' errors
+    against float64 are at most 2x eager's (which shares the forward's relu
+    decisions: both use eager's convolution in training)."""
     monkeypatch.delenv(ROUTE, raising=False)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(run_seed())
@@ -517,11 +519,13 @@ def test_channels_last_route_backward_random_signed(monkeypatch):
         return [t.grad for t in leaves]
 
     ref = grads(lambda x_, w_, b_: torch.relu(F.conv2d(x_, w_, b_)) + other.double(), torch.float64)
-    eager = grads(lambda x_, w_, b_: torch.relu(F.conv2d(x_, w_, b_)) + other, torch.float32)
     fused = lambda x_, w_, b_: ops.custom_conv_relu_add(x_, w_, b_, *args, other, 1.0)
     leaves = [t.detach().requires_grad_(True) for t in (x, w, b)]
-    assert _masked_grad_ran(lambda: ops.custom_conv_relu_add(*leaves, *args, other, 1.0).backward(gy))
-    got = grads(fused, torch.float32)
+    with tf32_flags(None, cudnn_tf32):
+        eager = grads(lambda x_, w_, b_: torch.relu(F.conv2d(x_, w_, b_)) + other, torch.float32)
+        ran = _masked_grad_ran(lambda: ops.custom_conv_relu_add(*leaves, *args, other, 1.0).backward(gy))
+        got = grads(fused, torch.float32)
+    assert ran == cudnn_tf32
     for what, g, e, r in zip(("input", "weight", "bias"), got, eager, ref):
         assert g.is_contiguous()
         err, eager_err = rel_err(g, r), rel_err(e, r)
