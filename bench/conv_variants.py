@@ -11,8 +11,10 @@ C (TORCHFUSE_CONV_CHANNELS_LAST=never: eager's NCHW convolution and one
 streaming pass), E (=always with TORCHFUSE_CONV_IMPLICIT_GEMM=never: the
 channels-last route with cuDNN's convolution) and F (=always: the route
 with the sm_90 implicit-GEMM kernel); only the inference forward takes the
-route.  Errors are against a float64 reference computed on the GPU, next
-to eager's.
+route's convolution.  fwd+bwd: C (=never), and C's forward with the route's
+backward (=always: cuDNN's channels-last gradient convolutions), whose
+longest kernels are listed.  Errors are against a float64 reference
+computed on the GPU, next to eager's.
 """
 
 from __future__ import annotations
