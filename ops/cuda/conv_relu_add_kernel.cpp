@@ -215,28 +215,18 @@ bool eagerConvIsTf32(
   if (pass != ConvPass::kForward) {  // in the layout eager's relu backward gives
     g = at::empty_like(convolve(x, w, std::nullopt, stride, padding, dilation, groups)).fill_(1);
   }
-  const auto sum = [&](double value) {
-    switch (pass) {
-      case ConvPass::kForward:
-        x.fill_(value);
-        return convolve(x, w, std::nullopt, stride, padding, dilation, groups)
-            .sum(at::kDouble)
-            .item<double>();
-      case ConvPass::kDataGradient:
-        g.fill_(value);
-        return std::get<0>(convolveBackward(
-                               g, x, w, stride, padding, dilation, groups, {true, false, false}))
-            .sum(at::kDouble)
-            .item<double>();
-      case ConvPass::kWeightGradient:
-        x.fill_(value);
-        return std::get<1>(convolveBackward(
-                               g, x, w, stride, padding, dilation, groups, {false, true, false}))
-            .sum(at::kDouble)
-            .item<double>();
+  // the pass with one operand filled with `value`, the other with 1
+  const auto result = [&](double value) {
+    const bool data = pass == ConvPass::kDataGradient;
+    (data ? g : x).fill_(value);
+    if (pass == ConvPass::kForward) {
+      return convolve(x, w, std::nullopt, stride, padding, dilation, groups);
     }
-    return 0.0;
+    const auto grads =
+        convolveBackward(g, x, w, stride, padding, dilation, groups, {data, !data, false});
+    return data ? std::get<0>(grads) : std::get<1>(grads);
   };
+  const auto sum = [&](double value) { return result(value).sum(at::kDouble).item<double>(); };
   const double grown = sum(1 + kDelta) / sum(1);
   const bool tf32 = grown < 1 + kDelta / 2;
   known.emplace(std::move(key), tf32);
@@ -566,7 +556,7 @@ std::tuple<at::Tensor, at::Tensor> convReluAddForwardCuda(
 
 // The route's backward for an NCHW convolution: cuDNN's channels-last
 // data- and weight-gradient convolutions took 3.5 ms against 5.3 in NCHW on
-// conv_relu_bias (kernels/conv/README.md, "The backward, channels-last").
+// conv_relu_bias (kernels/conv/README.md, variant H).
 // g is made NHWC in the masking pass itself, x converted to NHWC, and the
 // input gradient converted back to eager's NCHW.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> backwardChannelsLast(
