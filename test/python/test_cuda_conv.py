@@ -496,6 +496,34 @@ def test_channels_last_route_backward_declines(monkeypatch):
     assert not _masked_grad_ran(lambda: ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True]))
 
 
+@pytest.mark.parametrize("name", ["s64-c16", "s99-c40"])
+def test_channels_last_route_backward_nan_inf(name, monkeypatch):
+    """NaN and ±Inf in grad_output, where the relu passed and where it did
+    not: the masking pass selects (a masked NaN gives 0, as eager's relu
+    backward), and the gradients are the CPU's, NaN for NaN, on the vector
+    (s64-c16) and the scalar (s99-c40) tiles."""
+    monkeypatch.setenv(ROUTE, "always")
+    x, w, b, other, args = _inputs(name, "nchw", torch.float32, seed=2)
+    w = torch.where(w == 0, torch.ones_like(w), w)  # no 0 * Inf
+    out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 1.0)
+    keep = ~(_pre_activation(x, w, b, args) <= 0)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(6)
+    gy = _grad_like(out.shape, "nchw", out, gen)
+    flat, kept = gy.view(-1), keep.reshape(-1).nonzero().flatten()
+    dropped = (~keep).reshape(-1).nonzero().flatten()
+    assert kept.numel() >= 2 and dropped.numel() >= 2
+    flat[kept[0]], flat[kept[-1]] = float("nan"), float("inf")
+    flat[dropped[0]], flat[dropped[-1]] = float("nan"), float("-inf")
+    want = ops.custom_conv_relu_add_backward(gy.cpu(), mask.cpu(), x.cpu(), w.cpu(), *args, [True, True, True])
+    assert _masked_grad_ran(lambda: ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True]))
+    got = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True])
+    assert want[0].isnan().any() and want[2].isnan().any()
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g.cpu(), r, rtol=0, atol=1e-5 * max(1.0, r[r.isfinite()].abs().max().item()),
+                                   equal_nan=True)
+
+
 @pytest.mark.parametrize("cudnn_tf32", [True, False])
 def test_channels_last_route_backward_random_signed(cudnn_tf32, monkeypatch):
     """By default the route's backward runs where eager's gradient
