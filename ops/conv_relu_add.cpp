@@ -26,8 +26,8 @@ TORCH_LIBRARY_FRAGMENT(torchfuse, m) {
   m.def(
       "custom_conv_relu_add_backward(Tensor grad_output, Tensor mask, "
       "Tensor input, Tensor weight, int[] stride, int[] padding, "
-      "int[] dilation, int groups, bool[3] output_mask) "
-      "-> (Tensor, Tensor, Tensor)");
+      "int[] dilation, int groups, bool[4] output_mask) "
+      "-> (Tensor, Tensor, Tensor, Tensor)");
 }
 
 namespace torchfuse {
@@ -41,10 +41,9 @@ using ConvForwardSignature = std::tuple<at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
     at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, int64_t,
     const at::Tensor&, const at::Scalar&);
-using ConvBackwardSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
+using ConvBackwardSignature = ops::ConvReluAddGrads(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-    at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, int64_t,
-    std::array<bool, 3>);
+    at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, int64_t, std::array<bool, 4>);
 } // namespace
 
 at::Tensor custom_conv_relu_add(
@@ -292,7 +291,7 @@ std::tuple<at::Tensor, at::Tensor> convReluAddForward(
   return op.call(input, weight, bias, stride, padding, dilation, groups, other, alpha);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackward(
+ConvReluAddGrads convReluAddBackward(
     const at::Tensor& grad_output,
     const at::Tensor& mask,
     const at::Tensor& input,
@@ -301,7 +300,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackward(
     at::IntArrayRef padding,
     at::IntArrayRef dilation,
     int64_t groups,
-    std::array<bool, 3> output_mask) {
+    std::array<bool, 4> output_mask) {
   static auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("torchfuse::custom_conv_relu_add_backward", "")

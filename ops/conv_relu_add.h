@@ -150,9 +150,20 @@ std::tuple<at::Tensor, at::Tensor> convReluAddForwardComposite(
     const at::Tensor& other,
     const at::Scalar& alpha);
 
-// Returns (grad_input, grad_weight, grad_bias), undefined where output_mask is
-// false.  The gradient of `other` is grad_output itself, reduced by the caller.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackwardComposite(
+// custom_conv_relu_add_backward's result: (grad_input, grad_weight,
+// grad_bias, grad_channels), undefined where output_mask is false.
+// grad_channels is grad_output, summed to the conv output's shape, summed
+// over all but the channel dimension: C values in grad_output's dtype, the
+// gradient of a per-channel or scalar-like `other` before alpha (which
+// reduces it in the same pass that masks it).  The gradient of any other
+// `other` is grad_output itself, reduced by the caller.
+using ConvReluAddGrads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// grad_channels of a conv-output-shaped tensor: its sums over every
+// dimension but the channel one (1 when batched, else 0).
+at::Tensor convChannelSums(const at::Tensor& t, bool batched);
+
+ConvReluAddGrads convReluAddBackwardComposite(
     const at::Tensor& grad_output,
     const at::Tensor& mask,
     const at::Tensor& input,
@@ -161,7 +172,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackwardComposite(
     at::IntArrayRef padding,
     at::IntArrayRef dilation,
     int64_t groups,
-    std::array<bool, 3> output_mask);
+    std::array<bool, 4> output_mask);
 
 std::tuple<at::Tensor, at::Tensor> convReluAddForward(
     const at::Tensor& input,
@@ -174,7 +185,7 @@ std::tuple<at::Tensor, at::Tensor> convReluAddForward(
     const at::Tensor& other,
     const at::Scalar& alpha);
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackward(
+ConvReluAddGrads convReluAddBackward(
     const at::Tensor& grad_output,
     const at::Tensor& mask,
     const at::Tensor& input,
@@ -183,6 +194,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackward(
     at::IntArrayRef padding,
     at::IntArrayRef dilation,
     int64_t groups,
-    std::array<bool, 3> output_mask);
+    std::array<bool, 4> output_mask);
 
 } // namespace torchfuse::ops

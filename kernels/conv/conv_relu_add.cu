@@ -261,9 +261,10 @@ __device__ __forceinline__ void storePack(T* p, const float (&v)[kUnit]) {
 // ---- the channels-last route's conversions:
 // dst[b][j][i] = f(b, i, j, src[b][i][j])
 
-// A functor with kRowSums and non-null sums also gets, per source row i and
-// block of columns, the sum of its values into
-// sums[(b * column_blocks + block) * rows + i].
+// A functor with kRowSums has `sums` and `input_sums` (either may be null)
+// and `stored`: per source row i and block of columns, the sum of its values
+// goes into sums[(b * column_blocks + block) * rows + i] and the sum of the
+// source values into input_sums likewise; dst holds stored(value).
 struct Identity {
   static constexpr bool kRowSums = false;
   __device__ __forceinline__ float operator()(int64_t, int64_t, int64_t, float v) const {
@@ -271,13 +272,17 @@ struct Identity {
   }
 };
 
-// v rounded to TF32, to nearest with ties away from zero (cvt.rna).
+// v rounded to TF32, to nearest with ties away from zero.
+__device__ __forceinline__ float roundTf32(float v) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+  return __uint_as_float(r);
+}
+
 struct RoundTf32 {
   static constexpr bool kRowSums = false;
   __device__ __forceinline__ float operator()(int64_t, int64_t, int64_t, float v) const {
-    uint32_t r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
-    return __uint_as_float(r);
+    return roundTf32(v);
   }
 };
 
@@ -296,16 +301,47 @@ struct BiasReluAdd {
 
 // g = dy where the relu passed (mask bit of the element's logical nchw
 // index set, as in reluAdd), else 0: a select, so a NaN dy passes as NaN.
+// Stored rounded to TF32 when tf32 (the implicit-GEMM data gradient reads
+// it); the sums, of g (the bias gradient) and of dy (other's), are unrounded.
 struct MaskedGrad {
-  static constexpr bool kRowSums = true;  // the bias gradient's partial sums
+  static constexpr bool kRowSums = true;
   const uint32_t* mask;
   double* sums;
+  double* input_sums;
   int64_t rows, cols;
+  bool tf32;
   __device__ __forceinline__ float operator()(int64_t b, int64_t i, int64_t j, float v) const {
     const int64_t e = (b * rows + i) * cols + j;
     return (__ldg(mask + (e >> 5)) >> (e & 31)) & 1u ? v : 0.f;
   }
+  __device__ __forceinline__ float stored(float g) const {
+    return tf32 ? roundTf32(g) : g;
+  }
 };
+
+template <typename F>
+__device__ __forceinline__ float stored(const F& f, float t) {
+  if constexpr (F::kRowSums) {
+    return f.stored(t);
+  } else {
+    return t;
+  }
+}
+
+// The sum of `width` consecutive lanes' t (width a power of two <= 32),
+// stored by the first of them at dst[at] when dst is not null.
+__device__ __forceinline__ void storeLaneSum(
+    double* dst, int64_t at, float t, int width, bool first, bool valid) {
+  if (dst == nullptr) {
+    return;
+  }
+  for (int d = 1; d < width; d <<= 1) {
+    t += __shfl_xor_sync(0xffffffffu, t, d);
+  }
+  if (first && valid) {
+    dst[at] = t;
+  }
+}
 
 // 32x32 tiles, one element per access, for any extents and alignment.
 // Rows beyond gridDim.y tiles and batches beyond gridDim.z loop.
@@ -326,22 +362,16 @@ __global__ void __launch_bounds__(kTile * kRows) transposeKernel(
     for (int64_t i0 = int64_t(blockIdx.y) * kTile; i0 < rows; i0 += int64_t(gridDim.y) * kTile) {
       for (int k = threadIdx.y; k < kTile; k += kRows) {
         const bool inside = i0 + k < rows && j0 + lane < cols;
-        float t = 0.f;
+        float v = 0.f, t = 0.f;
         if (inside) {
-          t = f(b, i0 + k, j0 + lane, load(in + (i0 + k) * cols + j0 + lane));
-          tile[k][lane] = t;
+          v = load(in + (i0 + k) * cols + j0 + lane);
+          t = f(b, i0 + k, j0 + lane, v);
+          tile[k][lane] = stored(f, t);
         }
         if constexpr (F::kRowSums) {  // a warp is one row of the tile
-          if (f.sums == nullptr) {
-            continue;
-          }
-#pragma unroll
-          for (int d = 1; d < kTile; d <<= 1) {
-            t += __shfl_xor_sync(0xffffffffu, t, d);
-          }
-          if (lane == 0 && i0 + k < rows) {
-            f.sums[(b * gridDim.x + blockIdx.x) * rows + i0 + k] = t;
-          }
+          const int64_t at = (b * gridDim.x + blockIdx.x) * rows + i0 + k;
+          storeLaneSum(f.sums, at, t, kTile, lane == 0, i0 + k < rows);
+          storeLaneSum(f.input_sums, at, v, kTile, lane == 0, i0 + k < rows);
         }
       }
       __syncthreads();
@@ -392,27 +422,22 @@ __global__ void __launch_bounds__(kThreads) transposeVecKernel(
 #pragma unroll
       for (int p = 0; p < kVecTile / kLinesPerPass; ++p) {
         const int r = line + p * kLinesPerPass;
-        float sum = 0.f;
+        float sum = 0.f, input_sum = 0.f;
         // NB: f reads per-column values: only for columns that exist.
         if (i0 + r < rows && j0 + part < cols) {
 #pragma unroll
           for (int k = 0; k < kUnit; ++k) {
             const float t = f(b, i0 + r, j0 + part + k, v[p][k]);
-            tile[r][part + k] = t;
+            tile[r][part + k] = stored(f, t);
             sum += t;
+            input_sum += v[p][k];
           }
         }
         if constexpr (F::kRowSums) {  // a line's lanes are consecutive
-          if (f.sums == nullptr) {
-            continue;
-          }
-#pragma unroll
-          for (int d = 1; d < kLanesPerLine; d <<= 1) {
-            sum += __shfl_xor_sync(0xffffffffu, sum, d);
-          }
-          if (threadIdx.x % kLanesPerLine == 0 && i0 + r < rows) {
-            f.sums[(b * gridDim.x + blockIdx.x) * rows + i0 + r] = sum;
-          }
+          const int64_t at = (b * gridDim.x + blockIdx.x) * rows + i0 + r;
+          const bool first = threadIdx.x % kLanesPerLine == 0;
+          storeLaneSum(f.sums, at, sum, kLanesPerLine, first, i0 + r < rows);
+          storeLaneSum(f.input_sums, at, input_sum, kLanesPerLine, first, i0 + r < rows);
         }
       }
       __syncthreads();
@@ -793,10 +818,11 @@ int64_t convReluAddGradNchwToNhwcParts(int64_t n, int64_t c, int64_t s) {
 
 template <typename T>
 int64_t convReluAddGradNchwToNhwc(
-    const T* dy, const uint32_t* mask, T* g, double* sum_g, int64_t n, int64_t c, int64_t s,
-    cudaStream_t stream) {
+    const T* dy, const uint32_t* mask, T* g, bool tf32, double* sum_g, double* sum_dy, int64_t n,
+    int64_t c, int64_t s, cudaStream_t stream) {
   // per image, the nchw [C][S] gradient into nhwc [S][C], masked
-  return n * launchTranspose(dy, g, n, c, s, MaskedGrad{mask, sum_g, c, s}, stream);
+  return n *
+      launchTranspose(dy, g, n, c, s, MaskedGrad{mask, sum_g, sum_dy, c, s, tf32}, stream);
 }
 
 template <typename T>
@@ -822,7 +848,8 @@ void convReluAddEpilogueNhwcToNchw(
       int64_t, cudaStream_t);                                                            \
   template void transposeBatched<T>(const T*, T*, int64_t, int64_t, int64_t, cudaStream_t); \
   template int64_t convReluAddGradNchwToNhwc<T>(                                         \
-      const T*, const uint32_t*, T*, double*, int64_t, int64_t, int64_t, cudaStream_t);  \
+      const T*, const uint32_t*, T*, bool, double*, double*, int64_t, int64_t, int64_t,  \
+      cudaStream_t);                                                                     \
   template void convReluAddEpilogueNhwcToNchw<T>(                                        \
       const T*, const T*, const T*, float, T*, int64_t, int64_t, int64_t, cudaStream_t);
 TORCHFUSE_INSTANTIATE(float)

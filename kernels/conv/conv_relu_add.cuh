@@ -135,10 +135,11 @@ void transposeBatchedTf32(
 // The relu's gradient of an nchw conv output for a channels-last
 // convolution backward, in one pass: g = mask bit ? dy : 0, dy nchw
 // [n][c][s], mask in the output's logical (nchw) order, g written nhwc
-// [n][s][c].  g must not overlap dy.  With sum_g (at least
-// convReluAddGradNchwToNhwcParts(n, c, s) rows of c), also the bias
-// gradient's partial sums, one row of c per block of positions; returns the
-// rows written.
+// [n][s][c], rounded to TF32 (as transposeBatchedTf32) when tf32.  g must
+// not overlap dy.  With sum_g and sum_dy (either may be null; at least
+// convReluAddGradNchwToNhwcParts(n, c, s) rows of c each), also the partial
+// sums of the unrounded g (the bias gradient) and of dy, one row of c per
+// block of positions; returns the rows written.
 int64_t convReluAddGradNchwToNhwcParts(int64_t n, int64_t c, int64_t s);
 
 template <typename T>
@@ -146,7 +147,9 @@ int64_t convReluAddGradNchwToNhwc(
     const T* dy,
     const uint32_t* mask,
     T* g,
+    bool tf32,
     double* sum_g,
+    double* sum_dy,
     int64_t n,
     int64_t c,
     int64_t s,

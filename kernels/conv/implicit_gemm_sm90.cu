@@ -3,7 +3,7 @@
 //
 // One CTA per SM loops over tiles of 4 x 64 output positions (2 rows of up
 // to 128 columns, or 4 rows of up to 64) of one image, all k <= 128 output
-// channels.  Warpgroup 0's first thread is the producer: per 32-channel
+// channels (n = 64 MMAs where k <= 64, which halves their work there).  Warpgroup 0's first thread is the producer: per 32-channel
 // chunk, one TMA load of the input patch the tile reads (zero-filled past
 // the borders, so padding costs nothing); per (chunk, tap), one of the
 // weights.  The two consumer warpgroups run m64n128k8 TF32 wgmma with both
@@ -14,6 +14,12 @@
 // stores, so the output costs one write and no extra pass.  The epilogue
 // runs while the tensor cores idle, so it is kept short: the per-channel
 // bias and `other` wait in shared memory, and each slice costs one barrier.
+// The relu mask, where asked for, is gathered per tile in registers, moved
+// across lanes by warp shuffles into 16-position runs of each channel, ORed
+// into a shared-memory bitmap laid out on the global mask's word grid, then
+// written out as whole words;
+// the two words at each end of a channel's run may be shared with the
+// neighbouring tile, so those two are ORed into the zeroed global mask.
 
 #include "kernels/conv/implicit_gemm_sm90.cuh"
 
@@ -27,18 +33,28 @@ namespace torchfuse::kernels {
 namespace {
 
 constexpr int kStages = 4;               // weight tiles in flight
-constexpr int kWeightTile = 128 * 128;   // 128 channels x 32 k, bytes
+constexpr int kChunkBytes = 32 * 4;      // one output channel's 32 k per chunk
 constexpr int kSlice = 8;                // output channels per staged slice
 constexpr int kSlices = 3;               // slice buffers: two stores in flight
 constexpr int kThreads = 384;            // producer + 2 consumer warpgroups
 constexpr int kMaxSmem = 227 * 1024;
+
+// A tile's bits of one channel: at most 256 positions at any bit offset.
+constexpr int kMaskWords = 9;
+
+enum class Epilogue { kNone, kRelu, kReluMask };  // the convolution alone; with relu; and its mask
 
 struct Tiling {
   int qb, tr, pw, pr, plane_tx, plane_bytes, stage_bytes;
   size_t smem;
 };
 
-Tiling tiling(const ImplicitGemmConv& g) {
+// The MMAs' n: the output channels a tile computes.
+int tileChannels(const ImplicitGemmConv& g) {
+  return g.k <= 64 ? 64 : 128;
+}
+
+Tiling tiling(const ImplicitGemmConv& g, bool with_mask) {
   Tiling t{};
   t.qb = g.q <= 64 ? 1 : 2;  // 64-column blocks per output row
   t.tr = 4 / t.qb;           // output rows per tile
@@ -47,8 +63,9 @@ Tiling tiling(const ImplicitGemmConv& g) {
   t.plane_tx = t.pr * t.pw * 128;
   t.plane_bytes = (t.plane_tx + 1023) / 1024 * 1024;  // swizzle atoms stay aligned
   t.stage_bytes = kSlice * t.tr * int(g.q) * 4;
-  t.smem = 1024 + 2 * size_t(t.plane_bytes) + kStages * kWeightTile +
-      kSlices * size_t(t.stage_bytes) + 8 * (2 * kStages + 4) + 2 * 128 * 4;
+  t.smem = 1024 + 2 * size_t(t.plane_bytes) + kStages * tileChannels(g) * kChunkBytes +
+      kSlices * size_t(t.stage_bytes) + 8 * (2 * kStages + 4) + 2 * 128 * 4 +
+      (with_mask ? 128 * kMaskWords * 4 : 0);
   return t;
 }
 
@@ -65,8 +82,12 @@ __device__ __forceinline__ uint64_t descriptor(uint32_t address) {
       (uint64_t(1) << 62);
 }
 
-// d[64 x 128] (+)= a[64 x 8] * b[8 x 128], TF32 inputs, float32 accumulators.
-__device__ __forceinline__ void mma(float* d, uint64_t a, uint64_t b, int accumulate) {
+// d[64 x kN] (+)= a[64 x 8] * b[8 x kN], TF32 inputs, float32 accumulators.
+template <int kN>
+__device__ __forceinline__ void mma(float* d, uint64_t a, uint64_t b, int accumulate);
+
+template <>
+__device__ __forceinline__ void mma<128>(float* d, uint64_t a, uint64_t b, int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n128k8.f32.tf32.tf32 {"
@@ -91,6 +112,25 @@ __device__ __forceinline__ void mma(float* d, uint64_t a, uint64_t b, int accumu
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
+template <>
+__device__ __forceinline__ void mma<64>(float* d, uint64_t a, uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, "
+      "%30, %31"
+      "}, %32, %33, p, 1, 1;\n}\n"
+      :
+        "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+        "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+        "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+        "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+        "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+        "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
 __device__ __forceinline__ void barrierInit(uint32_t bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
 }
@@ -111,8 +151,10 @@ __device__ __forceinline__ void barrierWait(uint32_t bar, uint32_t parity) {
 #endif
 
 // Shared memory: two patch buffers (alternating chunks), kStages weight
-// tiles, kSlices output slices, the barriers, then the bias and alpha * other
-// of each of the 128 output channels.
+// tiles, kSlices output slices, the barriers, the bias and alpha * other of
+// each of the 128 output channels, then (kReluMask) the mask bitmap,
+// kMaskWords words per channel.  kN: the MMAs' n (tileChannels).
+template <int kN, Epilogue kE>
 __global__ void __launch_bounds__(kThreads, 1) implicitGemmKernel(
     const __grid_constant__ CUtensorMap x_map,
     const __grid_constant__ CUtensorMap w_map,
@@ -120,9 +162,12 @@ __global__ void __launch_bounds__(kThreads, 1) implicitGemmKernel(
     const float* __restrict__ bias,
     const float* __restrict__ other,
     float alpha,
+    uint32_t* __restrict__ mask,
     ImplicitGemmConv g,
     Tiling t) {
 #ifdef TORCHFUSE_SM90A
+  constexpr int kWeightTile = kN * kChunkBytes;
+  constexpr bool kRelu = kE != Epilogue::kNone, kMask = kE == Epilogue::kReluMask;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t base = (uint32_t(__cvta_generic_to_shared(smem_raw)) + 1023) & ~1023u;
   const uint32_t planes = base;
@@ -189,6 +234,13 @@ __global__ void __launch_bounds__(kThreads, 1) implicitGemmKernel(
   const bool leader = ctid % 128 == 0;
   const int warp = (ctid % 128) / 32, lane = ctid % 32;
   const uint32_t adds = bars + 8 * (2 * kStages + 4), extras = adds + 128 * 4;
+  const uint32_t bitmap = extras + 128 * 4;
+  if constexpr (kMask) {
+    for (int i = ctid; i < kN * kMaskWords; i += 256) {
+      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(bitmap + i * 4), "r"(0u) : "memory");
+    }
+  }
+  const int64_t plane = g.p * g.q;
   if (ctid < 128) {
     const bool real = ctid < g.k;
     const float add = real && bias ? bias[ctid] : 0.f;
@@ -198,7 +250,7 @@ __global__ void __launch_bounds__(kThreads, 1) implicitGemmKernel(
   }
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
   int w_it = 0, p_it = 0, slice_it = 0;
-  float acc[2][64];
+  float acc[2][kN / 2];
   for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int n = tile / tiles_per_image, p0 = (tile % tiles_per_image) * t.tr;
     // A stage is released once the MMAs after it have waited for it.
@@ -220,7 +272,7 @@ __global__ void __launch_bounds__(kThreads, 1) implicitGemmKernel(
           const uint64_t xd = descriptor(plane + ((row + dr) * t.pw + col * 64 + ds) * 128);
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
-            mma(acc[m], xd + 2 * k, wd + 2 * k, !(first && k == 0));  // +32 bytes per k step
+            mma<kN>(acc[m], xd + 2 * k, wd + 2 * k, !(first && k == 0));  // +32 bytes per k step
           }
         }
         first = false;
@@ -246,29 +298,44 @@ __global__ void __launch_bounds__(kThreads, 1) implicitGemmKernel(
     // Accumulator (row 16 * warp + lane / 4 + 8 * hi, column 8 * j + 2 * (lane % 4) + e)
     // of block m: output position, output channel.
     const int row_len = t.tr * q;
+    // the bit offset of channel c's run in its first mask word:
+    // (mask_base + c * plane_bits) % 32
+    const int mask_base = int((int64_t(n) * g.k * plane + int64_t(p0) * q) & 31);
+    const int plane_bits = int(plane & 31);
+    // The relu decisions of block m, slice j, column e, row hi: bit
+    // (j % 8) + 8 hi + 16 e of keep[m][j / 8].
+    uint32_t keep[2][kN / 64] = {};
 #pragma unroll
-    for (int j = 0; j < 16 && j * kSlice < g.k; ++j, ++slice_it) {
+    for (int j = 0; j < kN / kSlice && j * kSlice < g.k; ++j, ++slice_it) {
       // The store that last read this buffer finished before the previous
       // slice's barrier.
       const uint32_t slice = slices + (slice_it % kSlices) * t.stage_bytes;
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int lc = 2 * (lane % 4) + e, channel = j * kSlice + lc;
-        float add, extra;
-        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(add) : "r"(adds + channel * 4));
-        asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(extra) : "r"(extras + channel * 4));
+        float add = 0.f, extra = 0.f;
+        if constexpr (kRelu) {
+          asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(add) : "r"(adds + channel * 4));
+          asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(extra) : "r"(extras + channel * 4));
+        }
 #pragma unroll
         for (int m = 0; m < 2; ++m) {
           const int block = group * 2 + m, row = block / t.qb, col = block % t.qb;
 #pragma unroll
           for (int hi = 0; hi < 2; ++hi) {
             const int qq = col * 64 + warp * 16 + lane / 4 + 8 * hi;
+            const float v = acc[m][j * 4 + hi * 2 + e] + add;
+            if constexpr (kMask) {  // !(t <= 0), as the streaming epilogue's mask
+              keep[m][j / 8] |= uint32_t(!(v <= 0.f)) << (j % 8 + 8 * hi + 16 * e);
+            }
             if (qq < q) {
-              // max.NaN keeps a NaN: relu(NaN) is NaN.
-              float y;
-              asm("{\n.reg .f32 r;\nmax.NaN.f32 r, %1, 0f00000000;\nadd.f32 %0, r, %2;\n}\n"
-                  : "=f"(y)
-                  : "f"(acc[m][j * 4 + hi * 2 + e] + add), "f"(extra));
+              float y = v;
+              if constexpr (kRelu) {
+                // max.NaN keeps a NaN: relu(NaN) is NaN.
+                asm("{\n.reg .f32 r;\nmax.NaN.f32 r, %1, 0f00000000;\nadd.f32 %0, r, %2;\n}\n"
+                    : "=f"(y)
+                    : "f"(v), "f"(extra));
+              }
               asm volatile("st.shared.f32 [%0], %1;\n" ::"r"(slice + (lc * row_len + row * q + qq) * 4),
                            "f"(y)
                            : "memory");
@@ -289,6 +356,73 @@ __global__ void __launch_bounds__(kThreads, 1) implicitGemmKernel(
             "r"(p0 * q), "r"(j * kSlice), "r"(n), "r"(slice)
             : "memory");
       }
+    }
+    if constexpr (kMask) {
+      // Lane a + 4 i held rows i and i + 8 of its warp's 16 positions; three
+      // butterfly stages swap lane bits 2..4 (i) with register bits 0..2
+      // (j % 8), so that lane a + 4 (j % 8) holds, per block m and word
+      // j / 8, the 16 position bits of channels 8 j + 2 a + e in its
+      // halves e.  Each goes into the bitmap at the channel's bit offset in
+      // the global word grid, the positions past q dropped.
+      const int a = lane % 4;
+#pragma unroll
+      for (int m = 0; m < 2; ++m) {
+        const int block = group * 2 + m, row = block / t.qb, col = block % t.qb;
+        const int run = col * 64 + warp * 16;
+#pragma unroll
+        for (int w = 0; w < kN / 64; ++w) {
+          uint32_t v = keep[m][w];
+#pragma unroll
+          for (int k = 0; k < 3; ++k) {
+            const uint32_t high = k == 0 ? 0xAAAAAAAAu : k == 1 ? 0xCCCCCCCCu : 0xF0F0F0F0u;
+            const uint32_t x = __shfl_xor_sync(0xffffffffu, v, 4 << k);
+            v = lane & (4 << k) ? (v & high) | ((x >> (1 << k)) & ~high)
+                                : (v & ~high) | ((x << (1 << k)) & high);
+          }
+          if (run >= q || p0 + row >= g.p) {
+            continue;
+          }
+          const uint32_t valid = q - run < 16 ? (1u << (q - run)) - 1 : 0xFFFFu;
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int channel = 8 * (lane / 4 + 8 * w) + 2 * a + e;
+            if (channel < g.k) {
+              const uint32_t bits = (v >> (16 * e)) & valid;
+              const int first = ((mask_base + channel * plane_bits) & 31) + row * q + run;
+              const uint32_t word = bitmap + (channel * kMaskWords + first / 32) * 4;
+              asm volatile("red.shared.or.b32 [%0], %1;\n" ::"r"(word), "r"(bits << (first % 32))
+                           : "memory");
+              if (first % 32 > 16) {
+                asm volatile("red.shared.or.b32 [%0], %1;\n" ::"r"(word + 4),
+                             "r"(bits >> (32 - first % 32))
+                             : "memory");
+              }
+            }
+          }
+        }
+      }
+      // Every bit is in before these reads; the bitmap is zeroed behind
+      // them, and the barrier after keeps the next tile's bits out until all
+      // have read.
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");
+      const int len = min(t.tr, int(g.p) - p0) * q;
+      for (int i = ctid; i < kN * kMaskWords; i += 256) {
+        const int channel = i / kMaskWords, wi = i % kMaskWords;
+        uint32_t bits;
+        asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(bits) : "r"(bitmap + i * 4) : "memory");
+        asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(bitmap + i * 4), "r"(0u) : "memory");
+        const int64_t start = (int64_t(n) * g.k + channel) * plane + int64_t(p0) * q;
+        const int words = (int(start & 31) + len + 31) / 32;
+        if (channel < g.k && wi < words) {
+          uint32_t* dst = mask + (start >> 5) + wi;
+          if (wi == 0 || wi == words - 1) {
+            atomicOr(dst, bits);
+          } else {
+            *dst = bits;
+          }
+        }
+      }
+      asm volatile("bar.sync 1, 256;\n" ::: "memory");
     }
   }
   if (ctid == 0) {
@@ -330,14 +464,14 @@ bool sm90Device() {
 
 }  // namespace
 
-bool implicitGemmConvTakes(const ImplicitGemmConv& g) {
+bool implicitGemmConvTakes(const ImplicitGemmConv& g, bool with_mask) {
   if (g.n <= 0 || g.c <= 0 || g.c % 32 != 0 || g.k <= 0 || g.k > 128 || g.p <= 0 || g.q <= 0 ||
       g.q > 128 || (g.p * g.q) % 4 != 0 || g.h >= (int64_t(1) << 30) ||
       g.w >= (int64_t(1) << 30) || g.n >= (int64_t(1) << 30) || g.pad_h < 0 || g.pad_w < 0 ||
       g.pad_h > 64 || g.pad_w > 64) {
     return false;
   }
-  const Tiling t = tiling(g);
+  const Tiling t = tiling(g, with_mask);
   // tile and position indices are 32-bit in the kernel
   const int64_t tiles = g.n * ((g.p + t.tr - 1) / t.tr);
   if ((t.tr * g.q) % 4 != 0 || t.pw > 256 || t.pr > 256 || t.smem > size_t(kMaxSmem) ||
@@ -347,16 +481,20 @@ bool implicitGemmConvTakes(const ImplicitGemmConv& g) {
   return sm90Device() && encoder() != nullptr;
 }
 
-bool implicitGemmConvReluAdd(
+namespace {
+
+template <int kN, Epilogue kE>
+bool launch(
     const float* x,
     const float* weight,
     const float* bias,
     const float* other,
     float alpha,
     float* out,
+    uint32_t* mask,
     const ImplicitGemmConv& g,
     cudaStream_t stream) {
-  const Tiling t = tiling(g);
+  const Tiling t = tiling(g, kE == Epilogue::kReluMask);
   CUtensorMap x_map, w_map, out_map;
   const cuuint64_t x_dims[4] = {cuuint64_t(g.c), cuuint64_t(g.w), cuuint64_t(g.h), cuuint64_t(g.n)};
   const cuuint64_t x_strides[3] = {cuuint64_t(g.c) * 4, cuuint64_t(g.w * g.c) * 4,
@@ -365,7 +503,7 @@ bool implicitGemmConvReluAdd(
   const int64_t k_total = g.r * g.s * g.c;
   const cuuint64_t w_dims[2] = {cuuint64_t(k_total), cuuint64_t(g.k)};
   const cuuint64_t w_strides[1] = {cuuint64_t(k_total) * 4};
-  const cuuint32_t w_box[2] = {32, 128};
+  const cuuint32_t w_box[2] = {32, kN};
   const int64_t positions = g.p * g.q;
   const cuuint64_t out_dims[3] = {cuuint64_t(positions), cuuint64_t(g.k), cuuint64_t(g.n)};
   const cuuint64_t out_strides[2] = {cuuint64_t(positions) * 4, cuuint64_t(positions * g.k) * 4};
@@ -378,15 +516,45 @@ bool implicitGemmConvReluAdd(
   int device = 0, sms = 0;
   cudaGetDevice(&device);
   cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (cudaFuncSetAttribute(implicitGemmKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           kMaxSmem) != cudaSuccess) {
+  const auto kernel = implicitGemmKernel<kN, kE>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem) !=
+      cudaSuccess) {
     return false;
   }
   const int64_t tiles = g.n * ((g.p + t.tr - 1) / t.tr);
   const int blocks = int(std::min<int64_t>(tiles, std::max(sms, 1)));
-  implicitGemmKernel<<<blocks, kThreads, t.smem, stream>>>(
-      x_map, w_map, out_map, bias, other, alpha, g, t);
+  kernel<<<blocks, kThreads, t.smem, stream>>>(
+      x_map, w_map, out_map, bias, other, alpha, mask, g, t);
   return true;
+}
+
+}  // namespace
+
+bool implicitGemmConvReluAdd(
+    const float* x,
+    const float* weight,
+    const float* bias,
+    const float* other,
+    float alpha,
+    float* out,
+    uint32_t* mask,
+    const ImplicitGemmConv& g,
+    cudaStream_t stream) {
+  if (mask != nullptr) {
+    return tileChannels(g) == 64
+        ? launch<64, Epilogue::kReluMask>(x, weight, bias, other, alpha, out, mask, g, stream)
+        : launch<128, Epilogue::kReluMask>(x, weight, bias, other, alpha, out, mask, g, stream);
+  }
+  return tileChannels(g) == 64
+      ? launch<64, Epilogue::kRelu>(x, weight, bias, other, alpha, out, nullptr, g, stream)
+      : launch<128, Epilogue::kRelu>(x, weight, bias, other, alpha, out, nullptr, g, stream);
+}
+
+bool implicitGemmConv(
+    const float* x, const float* weight, float* out, const ImplicitGemmConv& g, cudaStream_t stream) {
+  return tileChannels(g) == 64
+      ? launch<64, Epilogue::kNone>(x, weight, nullptr, nullptr, 0.f, out, nullptr, g, stream)
+      : launch<128, Epilogue::kNone>(x, weight, nullptr, nullptr, 0.f, out, nullptr, g, stream);
 }
 
 }  // namespace torchfuse::kernels

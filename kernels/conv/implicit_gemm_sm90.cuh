@@ -21,10 +21,15 @@ struct ImplicitGemmConv {
 
 // Whether the kernel takes this problem on the current device: an sm_90
 // device, c a multiple of 32, k <= 128, q <= 128 with p * q and the tile's
-// output run multiples of 4 elements, and tiles that fit in shared memory.
-bool implicitGemmConvTakes(const ImplicitGemmConv& g);
+// output run multiples of 4 elements, and tiles that fit in shared memory
+// (with_mask: with the mask's bitmap too).
+bool implicitGemmConvTakes(const ImplicitGemmConv& g, bool with_mask = false);
 
-// out = (t <= 0 ? 0 : t) + alpha * other[k] with t = conv + bias[k], nchw.
+// out = (t <= 0 ? 0 : t) + alpha * other[k] with t = conv + bias[k], nchw,
+// and, where mask is not null, the relu mask of t in nchw order: bit i % 32
+// of word i / 32 is !(t <= 0) for element i = (n * k + channel) * p * q +
+// position (the positions-inner order of conv_relu_add.cuh); the mask must
+// be zeroed before (a word shared by two tiles is ORed into), 4-byte aligned.
 // x and weight hold float32 values already rounded to TF32 (the MMAs
 // truncate the low mantissa bits); bias and other (k values) may be null.
 // x, weight and out 16-byte aligned.  Returns false, launching nothing,
@@ -36,7 +41,14 @@ bool implicitGemmConvReluAdd(
     const float* other,
     float alpha,
     float* out,
+    uint32_t* mask,
     const ImplicitGemmConv& g,
     cudaStream_t stream);
+
+// out = conv alone, nchw, under implicitGemmConvReluAdd's contract: the data
+// gradient of a stride-1 convolution is one (kernels/conv/README.md,
+// variant I).
+bool implicitGemmConv(
+    const float* x, const float* weight, float* out, const ImplicitGemmConv& g, cudaStream_t stream);
 
 }  // namespace torchfuse::kernels

@@ -1,3 +1,4 @@
+#include <c10/util/accumulate.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -10,6 +11,23 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+// Whether an `other` of these sizes, broadcast over a conv output of `rank`
+// dimensions with `spatial` trailing spatial ones and `channels` channels,
+// is per-channel or scalar-like: its gradient is then the backward's
+// grad_channels (summed, when scalar-like).
+bool channelShaped(at::IntArrayRef other, int64_t rank, int64_t spatial, int64_t channels) {
+  const int64_t channel_dim = int64_t(other.size()) - 1 - spatial;
+  if (int64_t(other.size()) > rank) {
+    return false;
+  }
+  for (int64_t d = 0; d < int64_t(other.size()); ++d) {
+    if (other[d] != 1 && (d != channel_dim || other[d] != channels)) {
+      return false;
+    }
+  }
+  return true;
+}
 
 // Saves input, weight and a 1-bit ReLU mask of the conv output; other only by
 // its shape.
@@ -46,18 +64,24 @@ class ConvReluAddFunction : public torch::autograd::Function<ConvReluAddFunction
     const auto needs = [&](size_t arg) {
       return needsTensorGrad(ctx, {true, true, has_bias, true}, arg);
     };
-    auto [grad_input, grad_weight, grad_bias] = convReluAddBackward(
-        grads[0], saved[2], saved[0], saved[1],
+    const auto other_sizes = ctx->saved_data["other_sizes"].toIntVector();
+    const auto& weight = saved[1];
+    const bool channel_other = needs(3) &&
+        channelShaped(other_sizes, saved[0].dim(), weight.dim() - 2, weight.size(0));
+    auto [grad_input, grad_weight, grad_bias, grad_channels] = convReluAddBackward(
+        grads[0], saved[2], saved[0], weight,
         ctx->saved_data["stride"].toIntVector(),
         ctx->saved_data["padding"].toIntVector(),
         ctx->saved_data["dilation"].toIntVector(),
         ctx->saved_data["groups"].toInt(),
-        {needs(0), needs(1), needs(2)});
+        {needs(0), needs(1), needs(2), channel_other});
     at::Tensor grad_other;
     if (needs(3)) {
-      grad_other = scaledBy(
-          grads[0].sum_to_size(ctx->saved_data["other_sizes"].toIntVector()),
-          ctx->saved_data["alpha"].toScalar());
+      const bool scalar_like = c10::multiply_integers(other_sizes) == 1;
+      grad_other = channel_other
+          ? (scalar_like ? grad_channels.sum() : grad_channels).reshape(other_sizes)
+          : grads[0].sum_to_size(other_sizes);
+      grad_other = scaledBy(grad_other, ctx->saved_data["alpha"].toScalar());
     }
     return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor(), grad_other, at::Tensor()};
@@ -86,7 +110,7 @@ at::Tensor convReluAddAutograd(
       groups, other, alpha);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackwardAutograd(
+ConvReluAddGrads convReluAddBackwardAutograd(
     const at::Tensor& grad_output,
     const at::Tensor& mask,
     const at::Tensor& input,
@@ -95,7 +119,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackwardAutograd(
     at::IntArrayRef padding,
     at::IntArrayRef dilation,
     int64_t groups,
-    std::array<bool, 3> output_mask) {
+    std::array<bool, 4> output_mask) {
   refuseDoubleBackward("torchfuse::custom_conv_relu_add", grad_output, input, weight);
   at::AutoDispatchBelowADInplaceOrView guard;
   return convReluAddBackward(

@@ -101,7 +101,7 @@ std::tuple<at::Tensor, at::Tensor> convReluAddForwardComposite(
   return convReluAddEpilogueComposite(conv, input, weight, other, alpha, /*with_mask=*/true);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackwardComposite(
+ConvReluAddGrads convReluAddBackwardComposite(
     const at::Tensor& grad_output,
     const at::Tensor& mask,
     const at::Tensor& input,
@@ -110,17 +110,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackwardComposite(
     at::IntArrayRef padding,
     at::IntArrayRef dilation,
     int64_t groups,
-    std::array<bool, 3> output_mask) {
+    std::array<bool, 4> output_mask) {
   const auto conv_sizes = checkConvReluAddBackwardInputs(
       grad_output, mask, input, weight, stride, padding, dilation, groups);
   const bool batched = input.dim() == weight.dim();
   // `other` may broadcast the result beyond the conv output's shape.
-  const auto summed = grad_output.sum_to_size(conv_sizes).to(input.scalar_type());
+  const auto dy = grad_output.sum_to_size(conv_sizes);
+  const auto summed = dy.to(input.scalar_type());
   // NB: a select, not a product: a masked NaN or Inf gradient gives 0.
   const auto grad = at::where(
       unpackConvMask(mask, conv_sizes, batched, convMaskOrder(input, weight)), summed,
       at::zeros({}, summed.options()));
-  return convolveBackward(grad, input, weight, stride, padding, dilation, groups, output_mask);
+  auto [grad_input, grad_weight, grad_bias] = convolveBackward(
+      grad, input, weight, stride, padding, dilation, groups,
+      {output_mask[0], output_mask[1], output_mask[2]});
+  return {grad_input, grad_weight, grad_bias,
+          output_mask[3] ? convChannelSums(dy, batched) : at::Tensor()};
+}
+
+at::Tensor convChannelSums(const at::Tensor& t, bool batched) {
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (d != (batched ? 1 : 0)) {
+      dims.push_back(d);
+    }
+  }
+  return t.sum(dims);
 }
 
 } // namespace torchfuse::ops

@@ -4,8 +4,8 @@
 //   forward:  one in-place pass over the conv output adding the conv bias,
 //             applying relu, adding a per-channel or scalar `other` and
 //             writing the 1-bit mask, where eager spends three passes;
-//   backward: one pass masking grad_output and summing the conv bias
-//             gradient, then eager's convolution_backward.
+//   backward: one pass masking grad_output and summing the conv bias's
+//             and `other`'s gradients, then eager's convolution_backward.
 // NB: the inference forward of a large float32 NCHW convolution that eager
 // itself runs in TF32 takes the channels-last route, which is faster: x
 // converted to NHWC, cuDNN's channels-last convolution, and one pass back to
@@ -14,9 +14,13 @@
 // last two with one that writes NCHW with the epilogue fused (variant F).
 // Elsewhere it would be less accurate than eager's: for many shapes cuDNN's
 // NCHW choice is exact float32 while its channels-last engines are TF32.
-// Training keeps eager's convolution: there the route saves nothing, and its
-// engine's relu decisions near zero, so the mask and gradients, would
-// differ from eager's where eager's are the reference.
+// In training, only the implicit-GEMM kernel takes the route's forward, with
+// the relu mask written by its epilogue; elsewhere training keeps eager's
+// convolution (E's mask saved nothing).  Its relu decisions near zero are
+// its own, as any TF32 engine's: its gradients are judged, as eager's are,
+// against float64 (variant I).  The route's backward runs cuDNN's
+// channels-last gradient convolutions (variant H), the input gradient by
+// the implicit-GEMM kernel where it takes the problem (variant I).
 // Small float32 convolutions with few channels (the inference forward)
 // take our direct convolution instead, one kernel for the convolution and
 // the epilogue (variant G): there cuDNN's launches and host overhead cost
@@ -167,8 +171,9 @@ size_t envChoice(const char* name, std::initializer_list<const char*> choices) {
 }
 
 // TORCHFUSE_CONV_CHANNELS_LAST: unset or "auto"; "never"; "always": the
-// inference forward takes the route wherever its kernels apply, whatever the
-// size or precision (tests use it with inputs that are exact in TF32).
+// forward and the backward take the route wherever its kernels apply,
+// whatever the size or precision (tests use it with inputs that are exact
+// in TF32).
 RouteMode routeMode() {
   return static_cast<RouteMode>(
       envChoice("TORCHFUSE_CONV_CHANNELS_LAST", {"auto", "never", "always"}));
@@ -272,7 +277,7 @@ bool takesChannelsLastBackward(
     at::IntArrayRef dilation,
     int64_t groups,
     at::IntArrayRef sizes,
-    std::array<bool, 3> output_mask) {
+    std::array<bool, 4> output_mask) {
   if (input.scalar_type() != at::kFloat || !(output_mask[0] || output_mask[1]) ||
       !takesChannelsLastRoute(input, weight, stride, padding, dilation, groups, sizes)) {
     return false;
@@ -285,16 +290,38 @@ bool takesChannelsLastBackward(
        tf32(output_mask[1], ConvPass::kWeightGradient));
 }
 
-// TORCHFUSE_CONV_IMPLICIT_GEMM: unset or "auto": the route convolves with
-// our sm_90 implicit-GEMM kernel wherever it takes the problem (variant F);
-// "never": always with cuDNN's channels-last convolution (variant E).
+// TORCHFUSE_CONV_IMPLICIT_GEMM: unset or "auto": the route convolves, and
+// takes the training forward and the input gradient, with our sm_90
+// implicit-GEMM kernel wherever it takes the problem (variants F and I);
+// "never": always with cuDNN's (E, and C's training forward).
 bool implicitGemmAllowed() {
   return envChoice("TORCHFUSE_CONV_IMPLICIT_GEMM", {"auto", "never"}) == 0;
 }
 
+// Whether the implicit-GEMM kernel may run a route's convolution: float32
+// under cuDNN's TF32 flag (the kernel is TF32 only), one group, stride and
+// dilation 1.
+bool implicitGemmApplies(
+    const at::Tensor& input,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups) {
+  const auto ones = [](at::IntArrayRef v) {
+    return std::all_of(v.begin(), v.end(), [](int64_t e) { return e == 1; });
+  };
+  return input.scalar_type() == at::kFloat && groups == 1 && padding.size() == 2 && ones(stride) &&
+      ones(dilation) && at::globalContext().allowTF32CuDNN(at::Float32Op::CONV) &&
+      implicitGemmAllowed();
+}
+
+std::optional<kernels::ImplicitGemmConv> takenProblem(
+    const kernels::ImplicitGemmConv& g, bool with_mask) {
+  return kernels::implicitGemmConvTakes(g, with_mask) ? std::optional(g) : std::nullopt;
+}
+
 // The route's problem as the implicit-GEMM kernel sees it, where that kernel
-// takes it: float32 under cuDNN's TF32 flag (the kernel is TF32 only), one
-// group, stride and dilation 1.
+// takes it (with the relu mask, for training, when with_mask).
 std::optional<kernels::ImplicitGemmConv> implicitGemmProblem(
     const at::Tensor& input,
     const at::Tensor& weight,
@@ -302,22 +329,73 @@ std::optional<kernels::ImplicitGemmConv> implicitGemmProblem(
     at::IntArrayRef padding,
     at::IntArrayRef dilation,
     int64_t groups,
+    at::IntArrayRef sizes,
+    bool with_mask) {
+  if (!implicitGemmApplies(input, stride, padding, dilation, groups)) {
+    return std::nullopt;
+  }
+  return takenProblem(
+      {input.size(0), input.size(1), input.size(2), input.size(3), weight.size(0), weight.size(2),
+       weight.size(3), padding[0], padding[1], sizes[2], sizes[3]},
+      with_mask);
+}
+
+// The route's input gradient as an implicit-GEMM problem, where the kernel
+// takes it (variant I): for stride and dilation 1 it is the convolution of
+// g (nhwc, K channels) with the weight flipped in space and transposed to
+// [C][R][S][K], padding R - 1 - pad_h and S - 1 - pad_w, written nchw.
+std::optional<kernels::ImplicitGemmConv> dataGradientProblem(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
     at::IntArrayRef sizes) {
-  const auto ones = [](at::IntArrayRef v) {
-    return std::all_of(v.begin(), v.end(), [](int64_t e) { return e == 1; });
-  };
-  if (input.scalar_type() != at::kFloat || groups != 1 || padding.size() != 2 || !ones(stride) ||
-      !ones(dilation) || !at::globalContext().allowTF32CuDNN(at::Float32Op::CONV) ||
-      !implicitGemmAllowed()) {
+  if (!implicitGemmApplies(input, stride, padding, dilation, groups)) {
     return std::nullopt;
   }
-  const kernels::ImplicitGemmConv g{
-      input.size(0), input.size(1),  input.size(2), input.size(3), weight.size(0), weight.size(2),
-      weight.size(3), padding[0],    padding[1],    sizes[2],      sizes[3]};
-  if (!kernels::implicitGemmConvTakes(g)) {
+  const int64_t r = weight.size(2), s = weight.size(3);
+  if (padding[0] > r - 1 || padding[1] > s - 1) {
     return std::nullopt;
   }
-  return g;
+  return takenProblem(
+      {sizes[0], sizes[1], sizes[2], sizes[3], input.size(1), r, s, r - 1 - padding[0],
+       s - 1 - padding[1], input.size(2), input.size(3)},
+      /*with_mask=*/false);
+}
+
+// Variant F: x to nhwc and the weight to [k][r][s][c], both rounded to TF32,
+// then one kernel for the convolution and the epilogue (and the relu mask,
+// where mask is not null).
+at::Tensor forwardImplicitGemm(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const EpilogueOperands& operands,
+    const at::Tensor& other,
+    const at::Scalar& alpha,
+    at::IntArrayRef sizes,
+    const kernels::ImplicitGemmConv& g,
+    uint32_t* mask) {
+  c10::cuda::CUDAGuard guard(input.device());
+  const auto stream = at::cuda::getCurrentCUDAStream();
+  auto x = at::empty_like(input, at::MemoryFormat::ChannelsLast);
+  auto w = at::empty({g.k, g.r, g.s, g.c}, weight.options());
+  kernels::transposeBatchedTf32(
+      cudaPtr<float>(input), cudaPtr<float>(x), g.n, g.c, g.h * g.w, stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  kernels::transposeBatchedTf32(
+      cudaPtr<float>(weight), cudaPtr<float>(w), g.k, g.c, g.r * g.s, stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  auto out = at::empty(sizes, input.options());
+  TORCH_CHECK(
+      kernels::implicitGemmConvReluAdd(
+          cudaPtr<float>(x), cudaPtr<float>(w), operands.biasPtr<float>(),
+          operands.otherPtr<float>(), alpha.toFloat(), cudaPtr<float>(out), mask, g, stream),
+      "torchfuse::custom_conv_relu_add: the CUDA driver refused the tensor maps of the "
+      "implicit-GEMM convolution");
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return operands.addUnfused(out, other, alpha);
 }
 
 at::Tensor forwardChannelsLast(
@@ -336,26 +414,9 @@ at::Tensor forwardChannelsLast(
   const auto dtype = input.scalar_type();
   const int64_t images = input.size(0), in_channels = input.size(1);
   const EpilogueOperands operands(bias, other, sizes, 1, dtype);
-  if (const auto g = implicitGemmProblem(input, weight, stride, padding, dilation, groups, sizes)) {
-    // Variant F: x to nhwc and the weight to [k][r][s][c], both rounded to
-    // TF32, then one kernel for the convolution and the epilogue.
-    auto x = at::empty_like(input, at::MemoryFormat::ChannelsLast);
-    auto w = at::empty({g->k, g->r, g->s, g->c}, weight.options());
-    kernels::transposeBatchedTf32(
-        cudaPtr<float>(input), cudaPtr<float>(x), g->n, g->c, g->h * g->w, stream);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    kernels::transposeBatchedTf32(
-        cudaPtr<float>(weight), cudaPtr<float>(w), g->k, g->c, g->r * g->s, stream);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    auto out = at::empty(sizes, input.options());
-    TORCH_CHECK(
-        kernels::implicitGemmConvReluAdd(
-            cudaPtr<float>(x), cudaPtr<float>(w), operands.biasPtr<float>(), operands.otherPtr<float>(),
-            alpha.toFloat(), cudaPtr<float>(out), *g, stream),
-        "torchfuse::custom_conv_relu_add: the CUDA driver refused the tensor maps of the "
-        "implicit-GEMM convolution");
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return operands.addUnfused(out, other, alpha);
+  if (const auto g = implicitGemmProblem(
+          input, weight, stride, padding, dilation, groups, sizes, /*with_mask=*/false)) {
+    return forwardImplicitGemm(input, weight, operands, other, alpha, sizes, *g, nullptr);
   }
   auto x = at::empty_like(input, at::MemoryFormat::ChannelsLast);
   DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add", [&] {
@@ -458,12 +519,28 @@ std::tuple<at::Tensor, at::Tensor> forwardCuda(
       return {forwardDirect(input, weight, bias, other, alpha, sizes, *g), at::Tensor()};
     }
   }
-  if (usable && !with_mask &&
-      takesChannelsLastRoute(input, weight, stride, padding, dilation, groups, sizes)) {
-    return {
-        forwardChannelsLast(
-            input, weight, bias, stride, padding, dilation, groups, other, alpha, sizes),
-        at::Tensor()};
+  if (usable && takesChannelsLastRoute(input, weight, stride, padding, dilation, groups, sizes)) {
+    if (!with_mask) {
+      return {
+          forwardChannelsLast(
+              input, weight, bias, stride, padding, dilation, groups, other, alpha, sizes),
+          at::Tensor()};
+    }
+    // Training: F with the mask (variant I); where F does not take the
+    // problem, C's eager convolution below (E's mask saved nothing).
+    if (const auto g = implicitGemmProblem(
+            input, weight, stride, padding, dilation, groups, sizes, /*with_mask=*/true)) {
+      const auto e = convExtents(sizes, /*batched=*/true);
+      // zeroed: the kernel ORs in the words two tiles share
+      auto mask = at::zeros(
+          {convMaskBytes(e, ConvMaskOrder::PositionsInner)}, input.options().dtype(at::kByte));
+      const EpilogueOperands operands(bias, other, sizes, 1, at::kFloat);
+      return {
+          forwardImplicitGemm(
+              input, weight, operands, other, alpha, sizes, *g,
+              reinterpret_cast<uint32_t*>(mask.data_ptr<uint8_t>())),
+          mask};
+    }
   }
   auto out = usable ? convolve(input, weight, std::nullopt, stride, padding, dilation, groups)
                     : at::Tensor();
@@ -554,12 +631,45 @@ std::tuple<at::Tensor, at::Tensor> convReluAddForwardCuda(
       input, weight, bias, stride, padding, dilation, groups, other, alpha, /*with_mask=*/true);
 }
 
+// The partial sums a masking pass writes: `parts` rows of C doubles, for the
+// bias gradient (sum_g) and grad_channels (sum_dy), where asked for.
+struct GradSums {
+  at::Tensor g, dy;
+
+  GradSums(int64_t parts, int64_t channels, const at::Tensor& like, std::array<bool, 4> output_mask) {
+    const auto options = like.options().dtype(at::kDouble);
+    if (output_mask[2]) {
+      g = at::empty({parts, channels}, options);
+    }
+    if (output_mask[3]) {
+      dy = at::empty({parts, channels}, options);
+    }
+  }
+
+  static double* ptr(const at::Tensor& t) {
+    return t.defined() ? t.data_ptr<double>() : nullptr;
+  }
+  double* gPtr() const { return ptr(g); }
+  double* dyPtr() const { return ptr(dy); }
+
+  // The first `parts` rows reduced: (grad_bias, grad_channels).
+  std::tuple<at::Tensor, at::Tensor> reduce(int64_t parts, at::ScalarType dtype) const {
+    const auto total = [&](const at::Tensor& t) {
+      return t.defined() ? t.narrow(0, 0, parts).sum(0).to(dtype) : at::Tensor();
+    };
+    return {total(g), total(dy)};
+  }
+};
+
 // The route's backward for an NCHW convolution: cuDNN's channels-last
 // data- and weight-gradient convolutions took 3.5 ms against 5.3 in NCHW on
 // conv_relu_bias (kernels/conv/README.md, variant H).
-// g is made NHWC in the masking pass itself, x converted to NHWC, and the
-// input gradient converted back to eager's NCHW.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backwardChannelsLast(
+// g is made NHWC in the masking pass itself, which also sums the bias's and
+// other's gradients.  The input gradient: on sm_90, where the problem fits,
+// our implicit-GEMM kernel writes it NCHW from g rounded to TF32 in that
+// pass (variant I); else cuDNN's, converted back to eager's NCHW.  The
+// weight gradient: cuDNN's, with x converted to NHWC.
+ConvReluAddGrads backwardChannelsLast(
     const at::Tensor& dy,
     const uint32_t* mask,
     const at::Tensor& input,
@@ -568,55 +678,75 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backwardChannelsLast(
     at::IntArrayRef padding,
     at::IntArrayRef dilation,
     int64_t groups,
-    std::array<bool, 3> output_mask,
+    std::array<bool, 4> output_mask,
     at::IntArrayRef sizes) {
   const auto stream = at::cuda::getCurrentCUDAStream();
   const auto dtype = input.scalar_type();
   const int64_t images = sizes[0], channels = sizes[1], positions = sizes[2] * sizes[3];
+  const auto dgrad = output_mask[0]
+      ? dataGradientProblem(input, weight, stride, padding, dilation, groups, sizes)
+      : std::nullopt;
   const auto src = dy.contiguous();
   auto g = at::empty(sizes, src.options().memory_format(at::MemoryFormat::ChannelsLast));
-  auto x = at::empty_like(input, at::MemoryFormat::ChannelsLast);
-  at::Tensor sum_g;
-  if (output_mask[2]) {
-    sum_g = at::empty(
-        {kernels::convReluAddGradNchwToNhwcParts(images, channels, positions), channels},
-        src.options().dtype(at::kDouble));
-  }
+  const GradSums sums(
+      kernels::convReluAddGradNchwToNhwcParts(images, channels, positions), channels, src,
+      output_mask);
   int64_t parts = 0;
   DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add_backward", [&] {
     parts = kernels::convReluAddGradNchwToNhwc(
-        cudaPtr<scalar_t>(src), mask, cudaPtr<scalar_t>(g),
-        sum_g.defined() ? sum_g.data_ptr<double>() : nullptr, images, channels, positions, stream);
-    kernels::transposeBatched(
-        cudaPtr<scalar_t>(input), cudaPtr<scalar_t>(x), input.size(0), input.size(1),
-        input.size(2) * input.size(3), stream);
+        cudaPtr<scalar_t>(src), mask, cudaPtr<scalar_t>(g), /*tf32=*/dgrad.has_value(),
+        sums.gPtr(), sums.dyPtr(), images, channels, positions, stream);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  auto [grad_x, grad_weight, ignored] = convolveBackward(
-      g, x, weight.contiguous(at::MemoryFormat::ChannelsLast), stride, padding, dilation, groups,
-      {output_mask[0], output_mask[1], false});
-  x.reset();
-  at::Tensor grad_input, grad_bias;
-  if (grad_x.defined()) {
-    grad_x = grad_x.contiguous(at::MemoryFormat::ChannelsLast);  // cuDNN's is already
+  at::Tensor grad_input, grad_weight;
+  if (dgrad) {
+    const auto flipped = weight.flip({2, 3});
+    auto w = at::empty({dgrad->k, dgrad->r, dgrad->s, dgrad->c}, weight.options());
+    kernels::transposeBatchedTf32(
+        cudaPtr<float>(flipped), cudaPtr<float>(w), 1, dgrad->c, dgrad->k * dgrad->r * dgrad->s,
+        stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
     grad_input = at::empty(input.sizes(), input.options());
+    TORCH_CHECK(
+        kernels::implicitGemmConv(
+            cudaPtr<float>(g), cudaPtr<float>(w), cudaPtr<float>(grad_input), *dgrad, stream),
+        "torchfuse::custom_conv_relu_add_backward: the CUDA driver refused the tensor maps of "
+        "the implicit-GEMM convolution");
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  const bool cudnn_dgrad = output_mask[0] && !dgrad;
+  if (cudnn_dgrad || output_mask[1]) {
+    auto x = at::empty_like(input, at::MemoryFormat::ChannelsLast);
     DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add_backward", [&] {
       kernels::transposeBatched(
-          cudaPtr<scalar_t>(grad_x), cudaPtr<scalar_t>(grad_input), input.size(0),
-          input.size(2) * input.size(3), input.size(1), stream);
+          cudaPtr<scalar_t>(input), cudaPtr<scalar_t>(x), input.size(0), input.size(1),
+          input.size(2) * input.size(3), stream);
     });
     C10_CUDA_KERNEL_LAUNCH_CHECK();
+    at::Tensor grad_x;
+    std::tie(grad_x, grad_weight, std::ignore) = convolveBackward(
+        g, x, weight.contiguous(at::MemoryFormat::ChannelsLast), stride, padding, dilation, groups,
+        {cudnn_dgrad, output_mask[1], false});
+    x.reset();
+    if (grad_x.defined()) {
+      grad_x = grad_x.contiguous(at::MemoryFormat::ChannelsLast);  // cuDNN's is already
+      grad_input = at::empty(input.sizes(), input.options());
+      DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add_backward", [&] {
+        kernels::transposeBatched(
+            cudaPtr<scalar_t>(grad_x), cudaPtr<scalar_t>(grad_input), input.size(0),
+            input.size(2) * input.size(3), input.size(1), stream);
+      });
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    }
   }
   if (grad_weight.defined()) {
     grad_weight = grad_weight.contiguous();
   }
-  if (sum_g.defined()) {
-    grad_bias = sum_g.narrow(0, 0, parts).sum(0).to(dtype);
-  }
-  return {grad_input, grad_weight, grad_bias};
+  const auto [grad_bias, grad_channels] = sums.reduce(parts, dtype);
+  return {grad_input, grad_weight, grad_bias, grad_channels};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackwardCuda(
+ConvReluAddGrads convReluAddBackwardCuda(
     const at::Tensor& grad_output,
     const at::Tensor& mask,
     const at::Tensor& input,
@@ -625,7 +755,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackwardCuda(
     at::IntArrayRef padding,
     at::IntArrayRef dilation,
     int64_t groups,
-    std::array<bool, 3> output_mask) {
+    std::array<bool, 4> output_mask) {
   const auto sizes = checkConvReluAddBackwardInputs(
       grad_output, mask, input, weight, stride, padding, dilation, groups);
   // `other` may broadcast the result beyond the conv output's shape.
@@ -643,30 +773,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackwardCuda(
   const auto order = convMaskOrder(input, weight);
   const auto* mask_ptr = reinterpret_cast<const uint32_t*>(mask.data_ptr<uint8_t>());
   const auto stream = at::cuda::getCurrentCUDAStream();
-  // g goes to convolution_backward in the conv output's layout, as eager's
-  // relu backward gives it; that layout is the mask's order.
-  at::Tensor g, sum_g;
   if (takesChannelsLastBackward(
           input, weight, stride, padding, dilation, groups, sizes, output_mask)) {
     return backwardChannelsLast(
         dy, mask_ptr, input, weight, stride, padding, dilation, groups, output_mask, sizes);
   }
+  // g goes to convolution_backward in the conv output's layout, as eager's
+  // relu backward gives it; that layout is the mask's order.
+  at::Tensor g;
+  int64_t parts = 0;
+  std::optional<GradSums> sums;
   if (order == ConvMaskOrder::PositionsInner) {
     // NB: a dy in another layout costs one ATen copy here: the streaming
     // pass reads dy in the mask's (nchw) order.
     dy = dy.contiguous();
     g = at::empty(sizes, dy.options());
-    if (output_mask[2]) {
-      sum_g = at::empty(
-          {kernels::convReluAddGradPartsPositionsInner(e.images, e.channels, e.positions),
-           e.channels},
-          dy.options().dtype(at::kDouble));
-    }
+    parts = kernels::convReluAddGradPartsPositionsInner(e.images, e.channels, e.positions);
+    sums.emplace(parts, e.channels, dy, output_mask);
     DISPATCH_KERNEL_TYPES(dy.scalar_type(), "custom_conv_relu_add_backward", [&] {
       kernels::convReluAddGradProloguePositionsInner(
-          cudaPtr<scalar_t>(dy), mask_ptr, cudaPtr<scalar_t>(g),
-          sum_g.defined() ? sum_g.data_ptr<double>() : nullptr, nullptr, e.images, e.channels,
-          e.positions, stream);
+          cudaPtr<scalar_t>(dy), mask_ptr, cudaPtr<scalar_t>(g), sums->gPtr(), sums->dyPtr(),
+          e.images, e.channels, e.positions, stream);
     });
   } else {
     const auto format = convOutputMemoryFormat(input, weight);  // channels-last
@@ -674,31 +801,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackwardCuda(
       dy = dy.contiguous(format);
     }
     g = at::empty(sizes, dy.options().memory_format(format));
-    if (output_mask[2]) {
-      sum_g = at::empty(
-          {kernels::convReluAddGradPartsChannelsInner(e.images, e.channels, e.positions),
-           e.channels},
-          dy.options().dtype(at::kDouble));
-    }
+    parts = kernels::convReluAddGradPartsChannelsInner(e.images, e.channels, e.positions);
+    sums.emplace(parts, e.channels, dy, output_mask);
     DISPATCH_KERNEL_TYPES(dy.scalar_type(), "custom_conv_relu_add_backward", [&] {
       kernels::convReluAddGradPrologueChannelsInner(
           cudaPtr<scalar_t>(dy), /*dy_nchw=*/!isChannelsLast(dy), mask_ptr,
-          cudaPtr<scalar_t>(g), /*g_nchw=*/false,
-          sum_g.defined() ? sum_g.data_ptr<double>() : nullptr, nullptr, e.images, e.channels,
-          e.positions, stream);
+          cudaPtr<scalar_t>(g), /*g_nchw=*/false, sums->gPtr(), sums->dyPtr(), e.images,
+          e.channels, e.positions, stream);
     });
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  at::Tensor grad_input, grad_weight, grad_bias;
+  at::Tensor grad_input, grad_weight;
   if (output_mask[0] || output_mask[1]) {
     std::tie(grad_input, grad_weight, std::ignore) = convolveBackward(
         g, input, weight, stride, padding, dilation, groups,
         {output_mask[0], output_mask[1], false});
   }
-  if (sum_g.defined()) {
-    grad_bias = sum_g.sum(0).to(input.scalar_type());
-  }
-  return {grad_input, grad_weight, grad_bias};
+  const auto [grad_bias, grad_channels] = sums->reduce(parts, input.scalar_type());
+  return {grad_input, grad_weight, grad_bias, grad_channels};
 }
 
 } // namespace

@@ -83,7 +83,7 @@ std::tuple<at::Tensor, at::Tensor> convReluAddForwardMeta(
           input.options().dtype(at::kByte))};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackwardMeta(
+ConvReluAddGrads convReluAddBackwardMeta(
     const at::Tensor& grad_output,
     const at::Tensor& mask,
     const at::Tensor& input,
@@ -92,11 +92,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convReluAddBackwardMeta(
     at::IntArrayRef padding,
     at::IntArrayRef dilation,
     int64_t groups,
-    std::array<bool, 3> output_mask) {
+    std::array<bool, 4> output_mask) {
   return {
       output_mask[0] ? at::empty_like(input) : at::Tensor(),
       output_mask[1] ? at::empty_like(weight) : at::Tensor(),
-      output_mask[2] ? at::empty_symint({weight.sym_size(0)}, weight.options()) : at::Tensor()};
+      output_mask[2] ? at::empty_symint({weight.sym_size(0)}, weight.options()) : at::Tensor(),
+      output_mask[3] ? at::empty_symint({weight.sym_size(0)}, grad_output.options())
+                     : at::Tensor()};
 }
 
 } // namespace

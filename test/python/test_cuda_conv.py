@@ -187,16 +187,16 @@ def _grad_like(shape, how, like, gen):
 GRAD_FORMATS = ["nchw", "channels-last", "misaligned", "expanded"]
 
 
-def _assert_grads_match(got, want, names=("input", "weight", "bias")):
-    """The bias gradient (our float64 sum of exact values) equals the CPU's
-    exactly; input and weight gradients come from cuDNN's convolution
+def _assert_grads_match(got, want, names=("input", "weight", "bias", "channels")):
+    """The bias gradient and grad_output's channel sums (our float64 sums of
+    exact values) equal the CPU's exactly; input and weight gradients come from cuDNN's convolution
     backward, whose algorithm (FFT and Winograd ones included) may round
     where the CPU's does not, so they get a float32-rounding tolerance, far
     below what a misread mask bit or a layout mix-up gives."""
     for what, g, r in zip(names, got, want):
         g = g.cpu()
         assert g.shape == r.shape, f"grad of {what}: shape {tuple(g.shape)} vs {tuple(r.shape)}"
-        if what in ("bias", "other"):
+        if what in ("bias", "other", "channels"):
             assert torch.equal(g, r), f"grad of {what} differs"
         else:
             err = (g - r).abs().max().item()
@@ -216,13 +216,13 @@ def test_backward_float32_matches_cpu(name, layout, grad_format):
     gen = torch.Generator(device="cuda")
     gen.manual_seed(3)
     gy = _grad_like(out.shape, grad_format, out, gen)
-    want = ops.custom_conv_relu_add_backward(gy.cpu(), mask_cpu, x.cpu(), w.cpu(), *args, [True, True, True])
+    want = ops.custom_conv_relu_add_backward(gy.cpu(), mask_cpu, x.cpu(), w.cpu(), *args, [True, True, True, True])
     poison_allocator(nbytes_of(x, w, b, out))
-    got = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True])
+    got = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True, True])
     _assert_grads_match(got, want)
     # a mask made on the CPU serves the CUDA backward: the order is the same
     _assert_grads_match(
-        ops.custom_conv_relu_add_backward(gy, mask_cpu.cuda(), x, w, *args, [True, True, True]), want)
+        ops.custom_conv_relu_add_backward(gy, mask_cpu.cuda(), x, w, *args, [True, True, True, True]), want)
 
 
 @pytest.mark.parametrize("grad_format", ["nchw", "channels-last", "misaligned"])
@@ -239,7 +239,7 @@ def test_backward_16bit(name, layout, dtype, grad_format):
     gen.manual_seed(5)
     gy = _grad_like(out.shape, grad_format, out, gen)
     poison_allocator(nbytes_of(x, w, b, out))
-    gx, gw, gb = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True])
+    gx, gw, gb, gc = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True, True])
     g = torch.where(keep, gy.float(), torch.zeros((), device="cuda"))
     batched = x.dim() == w.dim()
     spatial = w.dim() - 2
@@ -250,7 +250,9 @@ def test_backward_16bit(name, layout, dtype, grad_format):
             None, stride, padding, dilation, False, [0] * spatial, groups, [True, True, False])
     if not batched:
         rx = rx.squeeze(0)
-    assert torch.equal(gb, g.sum(dim=[d for d in range(g.dim()) if d != (1 if batched else 0)]).to(gb.dtype))
+    not_channel = [d for d in range(g.dim()) if d != (1 if batched else 0)]
+    assert torch.equal(gb, g.sum(dim=not_channel).to(gb.dtype))
+    assert torch.equal(gc, gy.double().sum(dim=not_channel).to(gc.dtype))
     tol = 1e-2 if dtype == "bf16" else 2e-3
     for what, got, ref in (("input", gx, rx), ("weight", gw, rw)):
         err = (got.float() - ref).abs().max().item() / max(ref.abs().max().item(), 1.0)
@@ -272,8 +274,8 @@ def test_many_images(images):
     out_cpu, mask_cpu = ops.custom_conv_relu_add_forward(x.cpu(), w.cpu(), b.cpu(), *args, other.cpu(), 1.0)
     assert torch.equal(out.cpu(), out_cpu) and torch.equal(mask.cpu(), mask_cpu)
     gy = _ints(tuple(out.shape), -3, 3, gen, torch.float32)
-    got = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True])
-    want = ops.custom_conv_relu_add_backward(gy.cpu(), mask_cpu, x.cpu(), w.cpu(), *args, [True, True, True])
+    got = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True, True])
+    want = ops.custom_conv_relu_add_backward(gy.cpu(), mask_cpu, x.cpu(), w.cpu(), *args, [True, True, True, True])
     _assert_grads_match(got, want)
 
 
@@ -386,7 +388,9 @@ def _implicit_gemm_ran(fn) -> bool:
 @pytest.mark.parametrize("name", ROUTE_CASES)
 def test_channels_last_route_forward(name, dtype, monkeypatch):
     """The route's output equals the definition; the forward that returns a
-    mask (training) keeps eager's convolution."""
+    mask (training) keeps eager's convolution for these shapes, which the
+    implicit-GEMM kernel does not take (its training forward is tested
+    below)."""
     monkeypatch.setenv(ROUTE, "always")
     x, w, b, other, args = _inputs(name, "nchw", DTYPES[dtype], seed=1)
     assert _route_ran(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 1.0))
@@ -410,6 +414,7 @@ def test_channels_last_route_with_full_other(name, monkeypatch):
 
 
 def test_channels_last_route_not_in_training(monkeypatch):
+    """Variant E does not serve training: its mask saved nothing."""
     monkeypatch.setenv(ROUTE, "always")
     x, w, b, other, args = _inputs("s64-c16", "nchw", torch.float32, seed=1)
     w.requires_grad_(True)
@@ -452,15 +457,16 @@ def test_channels_last_route_backward(name, grad_format, monkeypatch):
     gen = torch.Generator(device="cuda")
     gen.manual_seed(3)
     gy = _grad_like(out.shape, grad_format, out, gen)
-    want = ops.custom_conv_relu_add_backward(gy.cpu(), mask_cpu, x.cpu(), w.cpu(), *args, [True, True, True])
-    assert _masked_grad_ran(lambda: ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True]))
+    want = ops.custom_conv_relu_add_backward(gy.cpu(), mask_cpu, x.cpu(), w.cpu(), *args, [True, True, True, True])
+    assert _masked_grad_ran(lambda: ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True, True]))
     poison_allocator(nbytes_of(x, w, b, out))
-    got = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True])
+    got = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True, True])
     assert got[0].is_contiguous() and got[1].is_contiguous()
     _assert_grads_match(got, want)
 
 
-@pytest.mark.parametrize("output_mask", [[True, False, False], [False, True, True], [False, False, True]])
+@pytest.mark.parametrize("output_mask", [[True, False, False, False], [False, True, True, False],
+                                         [False, False, True, True], [False, False, False, True]])
 def test_channels_last_route_backward_partial(output_mask, monkeypatch):
     """Only the gradients asked for; the bias gradient alone needs no
     convolution, so it takes the NCHW pass."""
@@ -474,7 +480,7 @@ def test_channels_last_route_backward_partial(output_mask, monkeypatch):
     ran = _masked_grad_ran(lambda: ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, output_mask))
     assert ran == (output_mask[0] or output_mask[1])
     got = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, output_mask)
-    for asked, g, r, what in zip(output_mask, got, want, ("input", "weight", "bias")):
+    for asked, g, r, what in zip(output_mask, got, want, ("input", "weight", "bias", "channels")):
         assert (g is not None) == asked, what
         if asked:
             _assert_grads_match([g], [r], names=(what,))
@@ -488,12 +494,12 @@ def test_channels_last_route_backward_declines(monkeypatch):
         x, w, b, other, args = _inputs("s99-c40", layout, dtype, seed=2)
         out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 1.0)
         gy = torch.ones_like(out)
-        assert not _masked_grad_ran(lambda: ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True]))
+        assert not _masked_grad_ran(lambda: ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True, True]))
     monkeypatch.setenv(ROUTE, "never")
     x, w, b, other, args = _inputs("s99-c40", "nchw", torch.float32, seed=2)
     out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 1.0)
     gy = torch.ones_like(out)
-    assert not _masked_grad_ran(lambda: ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True]))
+    assert not _masked_grad_ran(lambda: ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True, True]))
 
 
 @pytest.mark.parametrize("name", ["s64-c16", "s99-c40"])
@@ -515,9 +521,9 @@ def test_channels_last_route_backward_nan_inf(name, monkeypatch):
     assert kept.numel() >= 2 and dropped.numel() >= 2
     flat[kept[0]], flat[kept[-1]] = float("nan"), float("inf")
     flat[dropped[0]], flat[dropped[-1]] = float("nan"), float("-inf")
-    want = ops.custom_conv_relu_add_backward(gy.cpu(), mask.cpu(), x.cpu(), w.cpu(), *args, [True, True, True])
-    assert _masked_grad_ran(lambda: ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True]))
-    got = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True])
+    want = ops.custom_conv_relu_add_backward(gy.cpu(), mask.cpu(), x.cpu(), w.cpu(), *args, [True, True, True, True])
+    assert _masked_grad_ran(lambda: ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True, True]))
+    got = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True, True])
     assert want[0].isnan().any() and want[2].isnan().any()
     for g, r in zip(got, want):
         torch.testing.assert_close(g.cpu(), r, rtol=0, atol=1e-5 * max(1.0, r[r.isfinite()].abs().max().item()),
@@ -529,9 +535,11 @@ def test_channels_last_route_backward_random_signed(cudnn_tf32, monkeypatch):
     """By default the route's backward runs where eager's gradient
     convolutions are TF32 (a 2^24-element output under the default flags,
     not with cuDNN TF32 off), and through autograd the gradients' errors
-    against float64 are at most 2x eager's (which shares the forward's relu
-    decisions: both use eager's convolution in training)."""
+    against float64 are at most 2x eager's.  On sm_90 the forward and the
+    input gradient are the implicit-GEMM kernel's, whose relu decisions near
+    zero are its own: the float64 model is the judge, not eager."""
     monkeypatch.delenv(ROUTE, raising=False)
+    monkeypatch.delenv(IMPLICIT_GEMM, raising=False)
     gen = torch.Generator(device="cuda")
     gen.manual_seed(run_seed())
     x = signed_randn(32, 64, 66, 66, dtype=torch.float32, generator=gen)
@@ -542,19 +550,22 @@ def test_channels_last_route_backward_random_signed(cudnn_tf32, monkeypatch):
     args = ([1, 1], [0, 0], [1, 1], 1)
 
     def grads(fn, dtype):
-        leaves = [t.detach().to(dtype).requires_grad_(True) for t in (x, w, b)]
+        leaves = [t.detach().to(dtype).requires_grad_(True) for t in (x, w, b, other)]
         fn(*leaves).backward(gy.to(dtype))
         return [t.grad for t in leaves]
 
-    ref = grads(lambda x_, w_, b_: torch.relu(F.conv2d(x_, w_, b_)) + other.double(), torch.float64)
-    fused = lambda x_, w_, b_: ops.custom_conv_relu_add(x_, w_, b_, *args, other, 1.0)
-    leaves = [t.detach().requires_grad_(True) for t in (x, w, b)]
+    model = lambda x_, w_, b_, o_: torch.relu(F.conv2d(x_, w_, b_)) + 0.5 * o_
+    ref = grads(model, torch.float64)
+    fused = lambda x_, w_, b_, o_: ops.custom_conv_relu_add(x_, w_, b_, *args, o_, 0.5)
+    leaves = [t.detach().requires_grad_(True) for t in (x, w, b, other)]
     with tf32_flags(None, cudnn_tf32):
-        eager = grads(lambda x_, w_, b_: torch.relu(F.conv2d(x_, w_, b_)) + other, torch.float32)
-        ran = _masked_grad_ran(lambda: ops.custom_conv_relu_add(*leaves, *args, other, 1.0).backward(gy))
+        eager = grads(model, torch.float32)
+        kernels = _kernels_run(lambda: fused(*leaves).backward(gy))
         got = grads(fused, torch.float32)
-    assert ran == cudnn_tf32
-    for what, g, e, r in zip(("input", "weight", "bias"), got, eager, ref):
+    assert any("MaskedGrad" in k for k in kernels) == cudnn_tf32
+    # the forward and the input gradient
+    assert sum("implicitGemmKernel" in k for k in kernels) == (2 if cudnn_tf32 and SM90 else 0)
+    for what, g, e, r in zip(("input", "weight", "bias", "other"), got, eager, ref):
         assert g.is_contiguous()
         err, eager_err = rel_err(g, r), rel_err(e, r)
         assert err <= 2 * eager_err + 1e-6, f"grad of {what}: error {err:.3e} vs eager's {eager_err:.3e}"
@@ -750,10 +761,10 @@ def test_implicit_gemm_never(monkeypatch):
 
 
 @needs_sm90
-@pytest.mark.parametrize("case", ["fp16", "stride2", "dilation2", "groups2", "c48", "k160", "q130",
-                                  "no-tf32", "training"])
+@pytest.mark.parametrize("case", ["fp16", "stride2", "dilation2", "groups2", "c48", "k160", "q130", "no-tf32"])
 def test_implicit_gemm_declines(case, monkeypatch):
-    """Problems outside the kernel's contract take variant E or C instead."""
+    """Problems outside the kernel's contract take variant E or C instead,
+    in inference and in training."""
     monkeypatch.setenv(ROUTE, "always")
     xs, ws, stride, dilation, groups, dtype = (2, 64, 12, 20), (32, 64, 3, 3), 1, 1, 1, torch.float32
     if case == "fp16":
@@ -772,11 +783,89 @@ def test_implicit_gemm_declines(case, monkeypatch):
         xs = (2, 64, 12, 132)
     x = torch.randn(*xs, device="cuda", dtype=dtype)
     w = torch.randn(*ws, device="cuda", dtype=dtype)
-    w.requires_grad_(case == "training")
     other = torch.randn(ws[0], 1, 1, device="cuda", dtype=dtype)
     args = ([stride] * 2, [0, 0], [dilation] * 2, groups)
     with tf32_flags(None, case != "no-tf32"):
         assert not _implicit_gemm_ran(lambda: ops.custom_conv_relu_add(x, w, None, *args, other, 1.0))
+        assert not _implicit_gemm_ran(lambda: ops.custom_conv_relu_add_forward(x, w, None, *args, other, 1.0))
+
+
+# Training through the implicit-GEMM kernel (variant I): the forward with
+# the relu mask, and the route's input gradient, a convolution of g with the
+# flipped, transposed weight.
+IG_TRAIN_SHAPES = {
+    "q64-c32": IG_SHAPES["q64-c32"],  # [3, 40, 9, 64]: n = 64 MMAs
+    "q128-1x1": IG_SHAPES["q128-1x1"],  # [2, 24, 4, 128]
+    "q126-vec": IG_SHAPES["q126-vec"],  # [2, 48, 4, 126]: runs start mid-word
+    "q22-pad1": IG_SHAPES["q22-pad1"],  # [2, 128, 20, 22]: 4 rows a tile, 16-bit groups across words
+    "q124": IG_SHAPES["q124"],  # [3, 128, 7, 124]: odd rows, last tile half
+    "q16-k3": ((1, 32, 3, 18), (3, 32, 3, 3), (0, 0)),  # [1, 3, 1, 16]: 48 bits, the last word half
+    "q20-k5": ((1, 32, 5, 22), (5, 32, 3, 3), (0, 0)),  # [1, 5, 3, 20]: one tile, channels share words
+    "q32-rows": ((2, 64, 9, 32), (128, 64, 3, 3), (1, 1)),  # [2, 128, 9, 32]: last tile 1 row of 4
+    "q128-k96": ((2, 32, 5, 130), (96, 32, 3, 3), (0, 0)),  # [2, 96, 3, 128]: last tile 1 row of 2
+}
+IG_GRAD_SHAPES = {
+    # the input gradient [2, 64, 20, 22]: n = 64 MMAs, padding 1
+    "q22-pad1": IG_SHAPES["q22-pad1"],
+    # [2, 128, 6, 64]: n = 128, padding 2 (the forward's 0)
+    "k128-q64": ((2, 128, 6, 64), (64, 128, 3, 3), (0, 0)),
+    # [2, 32, 6, 124]: 3x5, padding (1, 2)
+    "q124-3x5": ((2, 32, 6, 124), (32, 32, 3, 5), (1, 2)),
+}
+
+
+def _ig_inputs(shapes, name, seed):
+    xs, ws, padding = shapes[name]
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(seed)
+    x = _ints(xs, -2, 2, gen, torch.float32)
+    w = _ints(ws, -1, 1, gen, torch.float32)
+    b = _ints((ws[0],), -3, 3, gen, torch.float32)
+    other = _ints((ws[0], 1, 1), -3, 3, gen, torch.float32)
+    return x, w, b, other, ([1, 1], list(padding), [1, 1], 1), gen
+
+
+@needs_sm90
+@pytest.mark.parametrize("name", list(IG_TRAIN_SHAPES))
+def test_implicit_gemm_training_forward_exact(name, monkeypatch):
+    """The training forward by the implicit-GEMM kernel: on small integers
+    its output and relu mask equal the CPU's bit for bit (t == 0 included,
+    which the mask drops), over poisoned memory."""
+    monkeypatch.setenv(ROUTE, "always")
+    monkeypatch.delenv(IMPLICIT_GEMM, raising=False)
+    x, w, b, other, args, _ = _ig_inputs(IG_TRAIN_SHAPES, name, seed=21)
+    want_out, want_mask = ops.custom_conv_relu_add_forward(x.cpu(), w.cpu(), b.cpu(), *args, other.cpu(), 0.5)
+    assert _implicit_gemm_ran(lambda: ops.custom_conv_relu_add_forward(x, w, b, *args, other, 0.5))
+    poison_allocator([want_out.numel() * 4, want_mask.numel()])
+    out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 0.5)
+    assert out.is_contiguous()
+    assert torch.equal(out.cpu(), want_out)
+    assert torch.equal(mask.cpu(), want_mask)
+
+
+@needs_sm90
+@pytest.mark.parametrize("name", list(IG_GRAD_SHAPES))
+def test_implicit_gemm_input_gradient_exact(name, monkeypatch):
+    """The route's input gradient by the implicit-GEMM kernel: on small
+    integers every gradient equals the CPU's, the input's NCHW, over
+    poisoned memory; asked alone, it comes without the others."""
+    monkeypatch.setenv(ROUTE, "always")
+    monkeypatch.delenv(IMPLICIT_GEMM, raising=False)
+    x, w, b, other, args, gen = _ig_inputs(IG_GRAD_SHAPES, name, seed=22)
+    out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 1.0)
+    _, mask_cpu = ops.custom_conv_relu_add_forward(x.cpu(), w.cpu(), b.cpu(), *args, other.cpu(), 1.0)
+    assert torch.equal(mask.cpu(), mask_cpu)
+    gy = _ints(tuple(out.shape), -3, 3, gen, torch.float32)
+    want = ops.custom_conv_relu_add_backward(gy.cpu(), mask_cpu, x.cpu(), w.cpu(), *args, [True] * 4)
+    backward = lambda output_mask: ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, output_mask)
+    assert _implicit_gemm_ran(lambda: backward([True] * 4))
+    poison_allocator([x.numel() * 4, out.numel() * 4])
+    got = backward([True] * 4)
+    assert got[0].is_contiguous()
+    _assert_grads_match(got, want)
+    alone = backward([True, False, False, False])
+    assert all(g is None for g in alone[1:])
+    assert torch.equal(alone[0].cpu(), want[0])
 
 
 # The direct convolution for few channels (variant G): the inference forward
@@ -942,7 +1031,7 @@ SANITIZER_CASE = textwrap.dedent(
                 buf[1:].copy_(gy.reshape(-1))
                 for g in (gy, gy.contiguous(memory_format=torch.channels_last_3d if gy.dim() == 5
                                             else torch.channels_last), buf[1:].view(out.shape)):
-                    ops.custom_conv_relu_add_backward(g, mask, x, w, *args, [True, True, True])
+                    ops.custom_conv_relu_add_backward(g, mask, x, w, *args, [True, True, True, True])
     # the channels-last route (NCHW 2-d inputs), forced
     os.environ["TORCHFUSE_CONV_CHANNELS_LAST"] = "always"
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
@@ -958,7 +1047,7 @@ SANITIZER_CASE = textwrap.dedent(
             ops.custom_conv_relu_add(buf[1:].view(x.shape), w, b, *args, o, 1.0)
             if dtype == torch.float32:  # the route's backward
                 out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, o, 1.0)
-                ops.custom_conv_relu_add_backward(torch.randn_like(out), mask, x, w, *args, [True, True, True])
+                ops.custom_conv_relu_add_backward(torch.randn_like(out), mask, x, w, *args, [True, True, True, True])
     # the direct convolution: partial blocks, stride, dilation, padding, k of 8, 16 and 32
     os.environ["TORCHFUSE_CONV_DIRECT"] = "auto"
     for xs, ws, st, pad, dil in [((3, 3, 17, 19), (5, 3, 3, 3), 1, 0, 1), ((2, 2, 20, 21), (16, 2, 3, 5), 2, 2, 1),
@@ -973,6 +1062,14 @@ SANITIZER_CASE = textwrap.dedent(
         w = torch.randn(*ws, device="cuda")
         ops.custom_conv_relu_add(x, w, torch.randn(ws[0], device="cuda"), [1, 1], pad, [1, 1], 1,
                                  torch.randn(ws[0], 1, 1, device="cuda"), 1.0)
+    # training through it: the forward with the mask (a half last word), the input gradient
+    for xs, ws, pad in [((2, 64, 9, 32), (128, 64, 3, 3), 1), ((1, 32, 3, 18), (3, 32, 3, 3), 0)]:
+        x = torch.randn(*xs, device="cuda")
+        w = torch.randn(*ws, device="cuda")
+        args = ([1, 1], [pad, pad], [1, 1], 1)
+        out, mask = ops.custom_conv_relu_add_forward(x, w, torch.randn(ws[0], device="cuda"), *args,
+                                                     torch.randn(ws[0], 1, 1, device="cuda"), 1.0)
+        ops.custom_conv_relu_add_backward(torch.randn_like(out), mask, x, w, *args, [True] * 4)
     torch.cuda.synchronize()
     print("SANITIZER_CASE_DONE")
     """

@@ -334,9 +334,9 @@ def test_conv_relu_add_mask_and_backward_match_cpu(layout, channels, gen):
     pre = F.conv2d(x.cpu(), w.cpu(), b.cpu(), padding=1)
     assert (pre == 0).any() and (pre > 0).any() and (pre < 0).any()
     gy = _small_integers(*out.shape, gen=gen)
-    got = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True])
-    want = ops.custom_conv_relu_add_backward(gy.cpu(), mask_cpu, x.cpu(), w.cpu(), *args, [True, True, True])
-    for name, g, r in zip(("input", "weight", "bias"), got, want):
+    got = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True, True])
+    want = ops.custom_conv_relu_add_backward(gy.cpu(), mask_cpu, x.cpu(), w.cpu(), *args, [True, True, True, True])
+    for name, g, r in zip(("input", "weight", "bias", "channels"), got, want):
         assert torch.equal(g.cpu(), r), f"grad of {name} differs"
 
 

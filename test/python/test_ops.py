@@ -136,10 +136,11 @@ def test_conv_relu_add_mask_order(layout):
         want = _pack_bits(padded.reshape(-1))
     assert torch.equal(mask, want)
     for gy in (torch.randn(out.shape), torch.randn(out.shape).contiguous(memory_format=torch.channels_last)):
-        got = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True])
-        xr, wr, br = (t.detach().clone().requires_grad_(True) for t in (x, w, b))
-        conv_relu_add_ref(xr, wr, br, *args, o).backward(gy)
-        for g, r in zip(got, (xr.grad, wr.grad, br.grad)):
+        got = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True, True])
+        xr, wr, br, orr = (t.detach().clone().requires_grad_(True) for t in (x, w, b, o))
+        conv_relu_add_ref(xr, wr, br, *args, orr).backward(gy)
+        assert len(got) == 4
+        for g, r in zip(got, (xr.grad, wr.grad, br.grad, orr.grad.reshape(5))):
             torch.testing.assert_close(g, r)
 
 
