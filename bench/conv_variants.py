@@ -10,11 +10,13 @@ CUDA-event medians of --reps runs after 3 warm-ups.  Variants of the op:
 C (TORCHFUSE_CONV_CHANNELS_LAST=never: eager's NCHW convolution and one
 streaming pass), E (=always with TORCHFUSE_CONV_IMPLICIT_GEMM=never: the
 channels-last route with cuDNN's convolution) and F (=always: the route
-with the sm_90 implicit-GEMM kernel); only the inference forward takes the
-route's convolution.  fwd+bwd: C (=never), and C's forward with the route's
-backward (=always: cuDNN's channels-last gradient convolutions), whose
-longest kernels are listed.  Errors are against a float64 reference
-computed on the GPU, next to eager's.
+with the sm_90 implicit-GEMM kernel).  fwd+bwd: C (=never); H (the
+settings of E: C's forward, the route's backward through cuDNN's
+channels-last gradient convolutions); I (the settings of F: F's forward
+with the relu mask, the input gradient by the implicit-GEMM kernel, the
+weight gradient by cuDNN), whose longest kernels are listed.  Errors are
+against a float64 reference computed on the GPU, next to eager's; for
+fwd+bwd, the worst over the gradients of x, w, b1 and b2.
 """
 
 from __future__ import annotations
@@ -121,11 +123,29 @@ def main() -> int:
         rows["output channels-last to NCHW, ATen"] = median_ms(lambda: out.copy_(yl), args.reps)
         for name in VARIANTS:
             rows[f"op fwd, {name}"] = median_ms(op(name, False), args.reps)
+    del xl, wl, yl, out, src
+    torch.cuda.empty_cache()
+
+    def grads(fn, dtype=torch.float32):
+        leaves = [t.detach().to(dtype).requires_grad_(True) for t in (x, w, b1, b2)]
+        fn(*leaves).backward(gy.to(dtype))
+        return [t.grad for t in leaves]
+
+    model = lambda x_, w_, b_, o_: torch.relu(F.conv2d(x_, w_, b_)) + o_
+    ref = grads(model, torch.float64)
+    torch.cuda.empty_cache()
+    fwdbwd = {"C": "op fwd+bwd, C", "E": "op fwd+bwd, H (C + channels-last backward)",
+              "F": "op fwd+bwd, I (F with mask + implicit-GEMM input gradient)"}
+    worst = lambda got: max(rel_err(g, r) for g, r in zip(got, ref))
+    errors["eager fwd+bwd"] = worst(grads(model))
+    for variant, row in fwdbwd.items():
+        select(variant)
+        errors[row] = worst(grads(lambda *a: ops.custom_conv_relu_add(*a[:3], *conv_args, a[3], 1.0)))
+    del ref
+    torch.cuda.empty_cache()
     rows["eager fwd+bwd"] = median_ms(eager_fwdbwd(), args.reps)
-    rows["op fwd+bwd, C"] = median_ms(op("C", True), args.reps)
-    # =always: the training forward stays C; the backward takes the route's
-    # channels-last gradient convolutions (the default for this size)
-    rows["op fwd+bwd, C + channels-last backward"] = median_ms(op("F", True), args.reps)
+    for variant, row in fwdbwd.items():
+        rows[row] = median_ms(op(variant, True), args.reps)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         op("F", True)()
         torch.cuda.synchronize()
@@ -159,14 +179,14 @@ def main() -> int:
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}")
     for k, v in rows.items():
         print(f"  {k:{width}s} {v:8.3f} ms")
-    print("  fwd+bwd with the channels-last backward, its longest kernels:")
+    print("  fwd+bwd, I, its longest kernels:")
     for t, name in steps[:10]:
         print(f"    {t:8.3f} ms  {name[:100]}")
     print("  error vs float64: " + ", ".join(f"{k} {v:.3e}" for k, v in errors.items()))
     print(f"  fwd speed-up vs eager: C {rows['eager fwd'] / rows['op fwd, C']:.2f}x, "
           f"E {rows['eager fwd'] / rows['op fwd, E']:.2f}x, F {rows['eager fwd'] / rows['op fwd, F']:.2f}x; fwd+bwd: "
-          f"C {rows['eager fwd+bwd'] / rows['op fwd+bwd, C']:.2f}x, "
-          f"C + channels-last backward {rows['eager fwd+bwd'] / rows['op fwd+bwd, C + channels-last backward']:.2f}x")
+          + ", ".join(f"{v} {rows['eager fwd+bwd'] / rows[row]:.2f}x"
+                      for v, row in zip("CHI", fwdbwd.values())))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
