@@ -9,12 +9,15 @@ b2[128, 1, 1], under PyTorch's default flags (cuDNN TF32 allowed).  Times are
 CUDA-event medians of --reps runs after 3 warm-ups.  Variants of the op:
 C (TORCHFUSE_CONV_CHANNELS_LAST=never: eager's NCHW convolution and one
 streaming pass), E (=always with TORCHFUSE_CONV_IMPLICIT_GEMM=never: the
-channels-last route with cuDNN's convolution) and F (=always: the route
-with the sm_90 implicit-GEMM kernel).  fwd+bwd: C (=never); H (the
+channels-last route with cuDNN's convolution), F (=always: the route
+with the sm_90 implicit-GEMM kernel, x converted by a pass before it,
+TORCHFUSE_CONV_CONVERTERS=separate) and J (F with x converted inside the
+kernel by some of its CTAs; also with each count of converter CTAs).  fwd+bwd: C (=never); H (the
 settings of E: C's forward, the route's backward through cuDNN's
 channels-last gradient convolutions); I (the settings of F: F's forward
 with the relu mask, the input gradient by the implicit-GEMM kernel, the
-weight gradient by cuDNN), whose longest kernels are listed.  Errors are
+weight gradient by cuDNN), whose longest kernels are listed; I with J's
+forward.  Errors are
 against a float64 reference computed on the GPU, next to eager's; for
 fwd+bwd, the worst over the gradients of x, w, b1 and b2.
 """
@@ -36,11 +39,16 @@ import torchfuse  # noqa: E402,F401
 ops = torch.ops.torchfuse
 ROUTE = "TORCHFUSE_CONV_CHANNELS_LAST"
 IMPLICIT_GEMM = "TORCHFUSE_CONV_IMPLICIT_GEMM"
-VARIANTS = {"C": ("never", "never"), "E": ("always", "never"), "F": ("always", "auto")}
+CONVERTERS = "TORCHFUSE_CONV_CONVERTERS"
+VARIANTS = {"C": ("never", "never", "auto"), "E": ("always", "never", "auto"),
+            "F": ("always", "auto", "separate"), "J": ("always", "auto", "auto")}
+CONVERTER_COUNTS = ("12", "16", "20", "24", "28", "32")
 
 
-def select(variant: str) -> None:
-    os.environ[ROUTE], os.environ[IMPLICIT_GEMM] = VARIANTS[variant]
+def select(variant: str, converters: str | None = None) -> None:
+    os.environ[ROUTE], os.environ[IMPLICIT_GEMM], os.environ[CONVERTERS] = VARIANTS[variant]
+    if converters is not None:
+        os.environ[CONVERTERS] = converters
 
 
 def median_ms(fn, reps: int) -> float:
@@ -79,8 +87,8 @@ def main() -> int:
     rows: dict[str, float] = {}
     errors: dict[str, float] = {}
 
-    def op(variant: str, with_grad: bool):
-        select(variant)
+    def op(variant: str, with_grad: bool, converters: str | None = None):
+        select(variant, converters)
         if not with_grad:
             return lambda: ops.custom_conv_relu_add(x, w, b1, *conv_args, b2, 1.0)
         leaves = [t.detach().requires_grad_(True) for t in (x, w, b1, b2)]
@@ -123,6 +131,8 @@ def main() -> int:
         rows["output channels-last to NCHW, ATen"] = median_ms(lambda: out.copy_(yl), args.reps)
         for name in VARIANTS:
             rows[f"op fwd, {name}"] = median_ms(op(name, False), args.reps)
+        for count in CONVERTER_COUNTS:
+            rows[f"op fwd, J with {count} converters"] = median_ms(op("J", False, count), args.reps)
     del xl, wl, yl, out, src
     torch.cuda.empty_cache()
 
@@ -135,7 +145,8 @@ def main() -> int:
     ref = grads(model, torch.float64)
     torch.cuda.empty_cache()
     fwdbwd = {"C": "op fwd+bwd, C", "E": "op fwd+bwd, H (C + channels-last backward)",
-              "F": "op fwd+bwd, I (F with mask + implicit-GEMM input gradient)"}
+              "F": "op fwd+bwd, I (F with mask + implicit-GEMM input gradient)",
+              "J": "op fwd+bwd, I with J's forward"}
     worst = lambda got: max(rel_err(g, r) for g, r in zip(got, ref))
     errors["eager fwd+bwd"] = worst(grads(model))
     for variant, row in fwdbwd.items():
@@ -147,7 +158,7 @@ def main() -> int:
     for variant, row in fwdbwd.items():
         rows[row] = median_ms(op(variant, True), args.reps)
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        op("F", True)()
+        op("J", True)()
         torch.cuda.synchronize()
     steps = sorted(((e.time_range.elapsed_us() / 1e3, e.name) for e in prof.events() if e.device_type.name == "CUDA"),
                    reverse=True)
@@ -158,7 +169,7 @@ def main() -> int:
              "RoundTf32": "kernel: x to NHWC rounded to TF32 (F; also the weight)",
              "implicitGemmKernel": "kernel: implicit-GEMM conv with epilogue (F)"}
     kernels: dict[str, list[float]] = {}
-    for variant in ("E", "F"):
+    for variant in ("E", "F", "J"):
         with torch.no_grad(), torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(5):
                 op(variant, False)()
@@ -166,9 +177,12 @@ def main() -> int:
         for e in prof.events():
             for key in names:
                 if key in e.name:
+                    key = key + " J" if variant == "J" and key in ("RoundTf32", "implicitGemmKernel") else key
                     kernels.setdefault(key, []).append(e.time_range.elapsed_us() / 1e3)
-    os.environ.pop(ROUTE)
-    os.environ.pop(IMPLICIT_GEMM)
+    names["RoundTf32 J"] = "kernel: the weight to [k][r][s][c] rounded to TF32 (J)"
+    names["implicitGemmKernel J"] = "kernel: implicit-GEMM conv with epilogue, x converted inside (J)"
+    for name in (ROUTE, IMPLICIT_GEMM, CONVERTERS):
+        os.environ.pop(name)
     for key, ts in kernels.items():
         # RoundTf32 runs twice per call (x, then the small weight): the max
         # of each pair is x's
@@ -183,10 +197,9 @@ def main() -> int:
     for t, name in steps[:10]:
         print(f"    {t:8.3f} ms  {name[:100]}")
     print("  error vs float64: " + ", ".join(f"{k} {v:.3e}" for k, v in errors.items()))
-    print(f"  fwd speed-up vs eager: C {rows['eager fwd'] / rows['op fwd, C']:.2f}x, "
-          f"E {rows['eager fwd'] / rows['op fwd, E']:.2f}x, F {rows['eager fwd'] / rows['op fwd, F']:.2f}x; fwd+bwd: "
-          + ", ".join(f"{v} {rows['eager fwd+bwd'] / rows[row]:.2f}x"
-                      for v, row in zip("CHI", fwdbwd.values())))
+    print("  fwd speed-up vs eager: " + ", ".join(f"{v} {rows['eager fwd'] / rows[f'op fwd, {v}']:.2f}x" for v in VARIANTS)
+          + "; fwd+bwd: " + ", ".join(f"{v} {rows['eager fwd+bwd'] / rows[row]:.2f}x"
+                                      for v, row in zip(("C", "H", "I", "I+J"), fwdbwd.values())))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -45,6 +45,34 @@ bool implicitGemmConvReluAdd(
     const ImplicitGemmConv& g,
     cudaStream_t stream);
 
+// implicitGemmConvReluAdd with x given nchw [n][c][h][w] (16-byte aligned):
+// `converters` of the kernel's CTAs convert it into x_nhwc, rounded to TF32,
+// image by image, while the others convolve the images already converted,
+// so the conversion costs no pass of its own (kernels/conv/README.md,
+// variant J).  workspace: implicitGemmConvWorkspaceWords(g) words, zeroed
+// here.  Needs implicitGemmConvConverters(g) > 0; converters from 1 to half
+// the device's SMs.
+bool implicitGemmConvReluAddFromNchw(
+    const float* x_nchw,
+    float* x_nhwc,
+    uint32_t* workspace,
+    int converters,
+    const float* weight,
+    const float* bias,
+    const float* other,
+    float alpha,
+    float* out,
+    uint32_t* mask,
+    const ImplicitGemmConv& g,
+    cudaStream_t stream);
+
+// The converter CTAs implicitGemmConvReluAddFromNchw runs by default for this
+// problem on the current device (enough to keep the conversion ahead of the
+// convolution), or 0 where it cannot read x nchw (h * w not a multiple of 4).
+int implicitGemmConvConverters(const ImplicitGemmConv& g);
+
+int64_t implicitGemmConvWorkspaceWords(const ImplicitGemmConv& g);
+
 // out = conv alone, nchw, under implicitGemmConvReluAdd's contract: the data
 // gradient of a stride-1 convolution is one (kernels/conv/README.md,
 // variant I).

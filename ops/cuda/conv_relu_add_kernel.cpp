@@ -365,9 +365,34 @@ std::optional<kernels::ImplicitGemmConv> dataGradientProblem(
       /*with_mask=*/false);
 }
 
+// TORCHFUSE_CONV_CONVERTERS: unset or "auto": the implicit-GEMM kernel
+// converts x to nhwc itself where it can, on the number of converter CTAs
+// it picks (variant J); "separate": x is converted by a pass of its own
+// before the kernel (F); a number from 1 to 64: that many converter CTAs
+// (for measuring).
+int convertersFor(const kernels::ImplicitGemmConv& g) {
+  constexpr const char* kName = "TORCHFUSE_CONV_CONVERTERS";
+  const char* env = std::getenv(kName);
+  const std::string setting = env == nullptr ? "auto" : env;
+  int count = 0;
+  if (setting != "auto" && setting != "separate") {
+    const bool digits = !setting.empty() && setting.size() <= 2 &&
+        std::all_of(setting.begin(), setting.end(), [](char c) { return c >= '0' && c <= '9'; });
+    count = digits ? std::stoi(setting) : 0;
+    TORCH_CHECK(
+        count >= 1 && count <= 64, "torchfuse::custom_conv_relu_add: expected the environment "
+        "variable ", kName, " to be auto, separate or a number from 1 to 64, got \"", setting, "\"");
+  }
+  const int converters = kernels::implicitGemmConvConverters(g);
+  if (setting == "separate" || converters == 0) {
+    return 0;
+  }
+  return setting == "auto" ? converters : count;
+}
+
 // Variant F: x to nhwc and the weight to [k][r][s][c], both rounded to TF32,
 // then one kernel for the convolution and the epilogue (and the relu mask,
-// where mask is not null).
+// where mask is not null); variant J: x converted inside that kernel.
 at::Tensor forwardImplicitGemm(
     const at::Tensor& input,
     const at::Tensor& weight,
@@ -382,16 +407,31 @@ at::Tensor forwardImplicitGemm(
   auto x = at::empty_like(input, at::MemoryFormat::ChannelsLast);
   auto w = at::empty({g.k, g.r, g.s, g.c}, weight.options());
   kernels::transposeBatchedTf32(
-      cudaPtr<float>(input), cudaPtr<float>(x), g.n, g.c, g.h * g.w, stream);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  kernels::transposeBatchedTf32(
       cudaPtr<float>(weight), cudaPtr<float>(w), g.k, g.c, g.r * g.s, stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   auto out = at::empty(sizes, input.options());
+  // TMA reads x from a 16-byte aligned start only
+  const int converters =
+      reinterpret_cast<uintptr_t>(input.data_ptr()) % 16 == 0 ? convertersFor(g) : 0;
+  bool launched = false;
+  if (converters > 0) {
+    auto workspace = at::empty(
+        {kernels::implicitGemmConvWorkspaceWords(g)}, input.options().dtype(at::kInt));
+    launched = kernels::implicitGemmConvReluAddFromNchw(
+        cudaPtr<float>(input), cudaPtr<float>(x),
+        reinterpret_cast<uint32_t*>(workspace.data_ptr<int32_t>()), converters,
+        cudaPtr<float>(w), operands.biasPtr<float>(), operands.otherPtr<float>(), alpha.toFloat(),
+        cudaPtr<float>(out), mask, g, stream);
+  } else {
+    kernels::transposeBatchedTf32(
+        cudaPtr<float>(input), cudaPtr<float>(x), g.n, g.c, g.h * g.w, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launched = kernels::implicitGemmConvReluAdd(
+        cudaPtr<float>(x), cudaPtr<float>(w), operands.biasPtr<float>(),
+        operands.otherPtr<float>(), alpha.toFloat(), cudaPtr<float>(out), mask, g, stream);
+  }
   TORCH_CHECK(
-      kernels::implicitGemmConvReluAdd(
-          cudaPtr<float>(x), cudaPtr<float>(w), operands.biasPtr<float>(),
-          operands.otherPtr<float>(), alpha.toFloat(), cudaPtr<float>(out), mask, g, stream),
+      launched,
       "torchfuse::custom_conv_relu_add: the CUDA driver refused the tensor maps of the "
       "implicit-GEMM convolution");
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -760,6 +760,93 @@ def test_implicit_gemm_never(monkeypatch):
         ops.custom_conv_relu_add(x, w, None, *args, other, 1.0)
 
 
+# Variant J: the implicit-GEMM kernel converts x from NCHW itself, on some of
+# its CTAs, while the others convolve (TORCHFUSE_CONV_CONVERTERS: auto, a
+# count, or "separate" for F's conversion pass before the kernel).
+CONVERTERS = "TORCHFUSE_CONV_CONVERTERS"
+
+
+def _x_conversion_passes(fn) -> int:
+    """The TF32-rounding transposes fn() ran besides the weight's."""
+    return sum("RoundTf32" in k for k in _kernels_run(fn)) - 1
+
+
+@needs_sm90
+@pytest.mark.parametrize("converters", ["auto", "1", "5", "64"])
+@pytest.mark.parametrize("name", ["q22-pad1", "q40-c128", "q124-3x5", "q128-1x1", "q126-vec", "q70-vec-pad4"])
+def test_implicit_gemm_converts_in_kernel(name, converters, monkeypatch):
+    """Random signed inputs: with x converted inside the kernel, the output
+    (and, in training, the relu mask) equals the one with F's separate
+    conversion pass bit for bit, over poisoned memory; the rounding to TF32
+    is the same (cvt.rna), so is every product.  Partial boxes: h * w is not
+    a multiple of 32 for the first three."""
+    monkeypatch.setenv(ROUTE, "always")
+    monkeypatch.delenv(IMPLICIT_GEMM, raising=False)
+    xs, ws, padding = IG_SHAPES[name]
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(run_seed())
+    x = signed_randn(*xs, dtype=torch.float32, generator=gen)
+    w = signed_randn(*ws, dtype=torch.float32, generator=gen) / 24
+    b = signed_randn(ws[0], dtype=torch.float32, generator=gen)
+    other = signed_randn(ws[0], 1, 1, dtype=torch.float32, generator=gen)
+    args = ([1, 1], list(padding), [1, 1], 1)
+    monkeypatch.setenv(CONVERTERS, "separate")
+    assert _x_conversion_passes(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 0.5)) == 1
+    with torch.no_grad():
+        want = ops.custom_conv_relu_add(x, w, b, *args, other, 0.5)
+        want_out, want_mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 0.5)
+    monkeypatch.setenv(CONVERTERS, converters)
+    assert _x_conversion_passes(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 0.5)) == 0
+    assert _x_conversion_passes(lambda: ops.custom_conv_relu_add_forward(x, w, b, *args, other, 0.5)) == 0
+    sizes = [want.numel() * 4, x.numel() * 4, want_mask.numel()]
+    with torch.no_grad():
+        poison_allocator(sizes)
+        out = ops.custom_conv_relu_add(x, w, b, *args, other, 0.5)
+        poison_allocator(sizes)
+        out_t, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 0.5)
+    assert torch.equal(out, want)
+    assert torch.equal(out_t, want_out)
+    assert torch.equal(mask, want_mask)
+
+
+@needs_sm90
+@pytest.mark.parametrize("case", ["hw-odd", "misaligned"])
+def test_implicit_gemm_conversion_pass_where_kernel_cannot(case, monkeypatch):
+    """Where TMA cannot read x as NCHW (rows of h * w not in whole 16-byte
+    units, or a start off a 16-byte boundary) the separate conversion pass
+    runs, and the output is still exact."""
+    monkeypatch.setenv(ROUTE, "always")
+    monkeypatch.setenv(CONVERTERS, "auto")
+    xs, ws, padding = IG_SHAPES["q124" if case == "hw-odd" else "q126-vec"]  # 9 * 126 % 4 == 2
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(7)
+    base = _ints((torch.Size(xs).numel() + 1,), -2, 2, gen, torch.float32)
+    x = base[1:].view(xs) if case == "misaligned" else base[:-1].view(xs)
+    w = _ints(ws, -1, 1, gen, torch.float32)
+    other = _ints((ws[0], 1, 1), -3, 3, gen, torch.float32)
+    args = ([1, 1], list(padding), [1, 1], 1)
+    with tf32_flags(None, False):
+        want = torch.relu(F.conv2d(x, w, padding=padding)) + other
+    with torch.no_grad():
+        assert _x_conversion_passes(lambda: ops.custom_conv_relu_add(x, w, None, *args, other, 1.0)) == 1
+        out = ops.custom_conv_relu_add(x, w, None, *args, other, 1.0)
+    assert torch.equal(out, want)
+
+
+@needs_sm90
+def test_implicit_gemm_converters_setting(monkeypatch):
+    """Bad TORCHFUSE_CONV_CONVERTERS values name the variable and the choices."""
+    monkeypatch.setenv(ROUTE, "always")
+    xs, ws, padding = IG_SHAPES["q22-pad1"]
+    x = torch.randn(*xs, device="cuda")
+    w = torch.randn(*ws, device="cuda")
+    other = torch.randn(ws[0], 1, 1, device="cuda")
+    for bad in ["0", "65", "four", "-1", ""]:
+        monkeypatch.setenv(CONVERTERS, bad)
+        with pytest.raises(RuntimeError, match=f"TORCHFUSE_CONV_CONVERTERS to be auto, separate or a number from 1 to 64, got \"{bad}\""):
+            ops.custom_conv_relu_add(x, w, None, [1, 1], list(padding), [1, 1], 1, other, 1.0)
+
+
 @needs_sm90
 @pytest.mark.parametrize("case", ["fp16", "stride2", "dilation2", "groups2", "c48", "k160", "q130", "no-tf32"])
 def test_implicit_gemm_declines(case, monkeypatch):
