@@ -11,8 +11,8 @@ C (TORCHFUSE_CONV_CHANNELS_LAST=never: eager's NCHW convolution and one
 streaming pass), E (=always with TORCHFUSE_CONV_IMPLICIT_GEMM=never: the
 channels-last route with cuDNN's convolution), F (=always: the route
 with the sm_90 implicit-GEMM kernel, x converted by a pass before it,
-TORCHFUSE_CONV_CONVERTERS=separate) and J (F with x converted inside the
-kernel by some of its CTAs; also with each count of converter CTAs).  fwd+bwd: C (=never); H (the
+TORCHFUSE_CONV_CONVERSION=separate) and J (F with x converted inside the
+kernel by its CTAs' idle warps; also with each lookahead in images).  fwd+bwd: C (=never); H (the
 settings of E: C's forward, the route's backward through cuDNN's
 channels-last gradient convolutions); I (the settings of F: F's forward
 with the relu mask, the input gradient by the implicit-GEMM kernel, the
@@ -39,16 +39,16 @@ import torchfuse  # noqa: E402,F401
 ops = torch.ops.torchfuse
 ROUTE = "TORCHFUSE_CONV_CHANNELS_LAST"
 IMPLICIT_GEMM = "TORCHFUSE_CONV_IMPLICIT_GEMM"
-CONVERTERS = "TORCHFUSE_CONV_CONVERTERS"
+CONVERSION = "TORCHFUSE_CONV_CONVERSION"
 VARIANTS = {"C": ("never", "never", "auto"), "E": ("always", "never", "auto"),
             "F": ("always", "auto", "separate"), "J": ("always", "auto", "auto")}
-CONVERTER_COUNTS = ("12", "16", "20", "24", "28", "32")
+LOOKAHEADS = ("1", "2", "8", "64")
 
 
-def select(variant: str, converters: str | None = None) -> None:
-    os.environ[ROUTE], os.environ[IMPLICIT_GEMM], os.environ[CONVERTERS] = VARIANTS[variant]
-    if converters is not None:
-        os.environ[CONVERTERS] = converters
+def select(variant: str, conversion: str | None = None) -> None:
+    os.environ[ROUTE], os.environ[IMPLICIT_GEMM], os.environ[CONVERSION] = VARIANTS[variant]
+    if conversion is not None:
+        os.environ[CONVERSION] = conversion
 
 
 def median_ms(fn, reps: int) -> float:
@@ -87,8 +87,8 @@ def main() -> int:
     rows: dict[str, float] = {}
     errors: dict[str, float] = {}
 
-    def op(variant: str, with_grad: bool, converters: str | None = None):
-        select(variant, converters)
+    def op(variant: str, with_grad: bool, conversion: str | None = None):
+        select(variant, conversion)
         if not with_grad:
             return lambda: ops.custom_conv_relu_add(x, w, b1, *conv_args, b2, 1.0)
         leaves = [t.detach().requires_grad_(True) for t in (x, w, b1, b2)]
@@ -131,8 +131,8 @@ def main() -> int:
         rows["output channels-last to NCHW, ATen"] = median_ms(lambda: out.copy_(yl), args.reps)
         for name in VARIANTS:
             rows[f"op fwd, {name}"] = median_ms(op(name, False), args.reps)
-        for count in CONVERTER_COUNTS:
-            rows[f"op fwd, J with {count} converters"] = median_ms(op("J", False, count), args.reps)
+        for ahead in LOOKAHEADS:
+            rows[f"op fwd, J converting at most {ahead} images ahead"] = median_ms(op("J", False, ahead), args.reps)
     del xl, wl, yl, out, src
     torch.cuda.empty_cache()
 
@@ -181,7 +181,7 @@ def main() -> int:
                     kernels.setdefault(key, []).append(e.time_range.elapsed_us() / 1e3)
     names["RoundTf32 J"] = "kernel: the weight to [k][r][s][c] rounded to TF32 (J)"
     names["implicitGemmKernel J"] = "kernel: implicit-GEMM conv with epilogue, x converted inside (J)"
-    for name in (ROUTE, IMPLICIT_GEMM, CONVERTERS):
+    for name in (ROUTE, IMPLICIT_GEMM, CONVERSION):
         os.environ.pop(name)
     for key, ts in kernels.items():
         # RoundTf32 runs twice per call (x, then the small weight): the max

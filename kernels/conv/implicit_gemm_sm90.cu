@@ -1,11 +1,12 @@
 // custom_conv_relu_add's implicit-GEMM convolution for sm_90
-// (kernels/conv/README.md, variant F; the contract is in the header).
+// (kernels/conv/README.md, variants F and J; the contract is in the header).
 //
 // One CTA per SM loops over tiles of 4 x 64 output positions (2 rows of up
 // to 128 columns, or 4 rows of up to 64) of one image, all k <= 128 output
-// channels (n = 64 MMAs where k <= 64, which halves their work there).  Warpgroup 0's first thread is the producer: per 32-channel
-// chunk, one TMA load of the input patch the tile reads (zero-filled past
-// the borders, so padding costs nothing); per (chunk, tap), one of the
+// channels (n = 64 MMAs where k <= 64, which halves their work there).
+// Warpgroup 0's first thread is the producer: per 32-channel chunk, one
+// TMA load of the input patch the tile reads (zero-filled past the
+// borders, so padding costs nothing); per (chunk, tap), one of the
 // weights.  The two consumer warpgroups run m64n128k8 TF32 wgmma with both
 // operands in shared memory, K-major and 128-byte swizzled: a tap is only
 // an offset into the patch, so each input element is loaded once per tile
@@ -20,6 +21,9 @@
 // written out as whole words;
 // the two words at each end of a channel's run may be shared with the
 // neighbouring tile, so those two are ORed into the zeroed global mask.
+// Where x comes nchw (variant J), warps 1..3 of the producer warpgroup
+// convert it to nhwc ahead of the convolution, and the producer waits for
+// each image's conversion before loading from it.
 
 #include "kernels/conv/implicit_gemm_sm90.cuh"
 
@@ -43,15 +47,11 @@ constexpr int kMaxSmem = 227 * 1024;
 // A tile's bits of one channel: at most 256 positions at any bit offset.
 constexpr int kMaskWords = 9;
 
-// The nchw converters (variant J): boxes of 32 positions x 32 channels,
-// one per stage, one warp loading them and the others each taking every
-// kBoxWarps-th box.  Stages come in multiples of kBoxWarps, so that a stage
-// is always taken by the same warp: a warp waiting on a stage's next load
-// has seen its last one itself, and a barrier's parity cannot alias (TMA
-// loads may complete out of order).
-constexpr int kBoxBytes = 32 * 32 * 4;
-constexpr int kBoxWarps = kThreads / 32 - 1;
-constexpr int kBoxRounds = 3;  // up to 3 * kBoxWarps boxes in flight
+// Variant J: boxes of x (32 channels x 32 positions of one image) a
+// converter warp takes per grab, and the images of x the converters may run
+// ahead of the furthest image a producer has reached.
+constexpr int kGrab = 2;
+constexpr int kLookahead = 2;
 
 enum class Epilogue { kNone, kRelu, kReluMask };  // the convolution alone; with relu; and its mask
 
@@ -160,106 +160,116 @@ __device__ __forceinline__ void barrierWait(uint32_t bar, uint32_t parity) {
       : "memory");
 }
 
-// The converter CTAs' part (variant J): x nchw [n][c][h * w] into x_nhwc
-// [n][h * w][c], rounded to TF32 to nearest (cvt.rna, as
-// transposeBatchedTf32), box by box in image order, the boxes dealt round
-// the converters.  One thread loads boxes by TMA (128-byte swizzle: lane l
-// reads channel l's 32 positions as 8 conflict-free 16-byte words); eleven
-// warps each take a box, write it out as 32 coalesced 128-byte rows, and
-// count it in done[image], where the convolving CTAs' producer waits for
-// the image's count.  The counts are released after a proxy fence: the
-// producer reads x_nhwc by TMA, the async proxy.
+// v rounded to TF32, to nearest with ties away from zero.
+__device__ __forceinline__ float roundTf32(float v) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+  return __uint_as_float(r);
+}
+
+// Variant J: warps 1..3 of every CTA's producer warpgroup, idle
+// otherwise, convert x from nchw into x_nhwc, rounded to TF32 to nearest
+// (cvt.rna, as transposeBatchedTf32).  An atomic counter hands out boxes of
+// 32 channels x 32 positions in image order, so whichever CTAs are resident
+// convert them all; a warp waits before an image more than `lookahead`
+// past the furthest a producer has reached, which spreads the conversion's
+// traffic over the kernel and keeps the images it wrote in L2 until read.
+// Per image, the
+// boxes are counted in done[image] (released after a proxy fence: the
+// producer reads x_nhwc by TMA, the async proxy).
+// workspace: [0] the next box, [1] the furthest image a producer reached,
+// then done[n].
 __device__ __forceinline__ void convertNchw(
-    const CUtensorMap* src_map,
-    float* __restrict__ dst,
-    uint32_t* done,
-    const ImplicitGemmConv& g,
-    int index,
-    int converters,
-    int stages,
-    uint32_t base) {
-  const uint32_t full = base + stages * kBoxBytes, empty = full + 8 * stages;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  if (tid == 0) {
-    for (int s = 0; s < stages; ++s) {
-      barrierInit(full + 8 * s, 1);
-      barrierInit(empty + 8 * s, 1);
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-  }
-  __syncthreads();
-  // 32-bit box indices (implicitGemmConvConverters checks they fit): a
-  // 64-bit division here made the kernel spill.
+    const float* __restrict__ src, float* __restrict__ dst, uint32_t* workspace, int lookahead,
+    const ImplicitGemmConv& g) {
+  const int lane = threadIdx.x % 32;
   const int64_t hw = g.h * g.w;
   const int cblocks = int(g.c / 32), per_image = int((hw + 31) / 32) * cblocks;
   const int total = int(g.n) * per_image;
-  const int mine = total > index ? (total - index + converters - 1) / converters : 0;
-  if (warp == 0) {
-    if (lane == 0) {
-      for (int i = 0; i < mine; ++i) {
-        const int s = i % stages, b = index + i * converters, r = b % per_image;
-        barrierWait(empty + 8 * s, ((i / stages) & 1) ^ 1);
-        barrierExpect(full + 8 * s, kBoxBytes);
-        asm volatile(
-            "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-            " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(base + s * kBoxBytes),
-            "l"(src_map), "r"(r / cblocks * 32), "r"(r % cblocks * 32), "r"(b / per_image),
-            "r"(full + 8 * s)
-            : "memory");
-      }
-    }
-    return;
-  }
-  // A warp's boxes of one image are consecutive in its share: it counts
-  // them once it moves on, as a release costs the warp a wait for its
-  // stores to land.
-  const auto count = [&](int n, uint32_t boxes) {
-    __syncwarp();
-    if (lane == 0 && boxes > 0) {
-      asm volatile(
-          "fence.proxy.async.global;\n"
-          "red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(done + n), "r"(boxes)
-          : "memory");
-    }
-  };
+  const uint32_t* reached = workspace + 1;
+  uint32_t* done = workspace + 2;
   int counted = 0;
   uint32_t boxes = 0;
-  for (int i = warp - 1; i < mine; i += kBoxWarps) {
-    const int s = i % stages;
-    barrierWait(full + 8 * s, (i / stages) & 1);
-    float v[32];
-#pragma unroll
-    for (int k = 0; k < 8; ++k) {
-      const uint32_t at = base + s * kBoxBytes + lane * 128 + ((k ^ (lane & 7)) * 16);
-      asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=f"(v[4 * k]), "=f"(v[4 * k + 1]), "=f"(v[4 * k + 2]), "=f"(v[4 * k + 3])
-                   : "r"(at)
-                   : "memory");
-    }
-    __syncwarp();
+  while (true) {
+    int first = 0;
     if (lane == 0) {
-      barrierArrive(empty + 8 * s);
+      first = int(atomicAdd(workspace, uint32_t(kGrab)));
     }
-    const int b = index + i * converters, n = b / per_image, r = b % per_image;
-    if (n != counted) {
-      count(counted, boxes);
-      counted = n;
-      boxes = 0;
+    first = __shfl_sync(0xffffffffu, first, 0);
+    if (first >= total) {
+      break;
     }
-    const int p0 = r / cblocks * 32;
-    float* row = dst + (n * hw + p0) * g.c + r % cblocks * 32 + lane;
-    const int valid = hw - p0 < 32 ? int(hw - p0) : 32;
+    const int last = min(first + kGrab, total) - 1;
+    while (true) {
+      uint32_t furthest;
+      asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(furthest) : "l"(reached) : "memory");
+      if (last / per_image <= int(furthest) + lookahead) {
+        break;
+      }
+      __nanosleep(256);
+    }
+    // Lane (a, e) = (lane / 4, lane % 4) moves 4 x 4 blocks: channels
+    // 4a..4a+3 by positions 16 h + 4 e..+3 of the box, h = 0, 1.  Its loads
+    // read 64 bytes of a channel, its stores write 16 of a position's 128,
+    // so a warp's access spans 8 and 4 segments: few L1 wavefronts next to
+    // the MMAs' operand reads.
+    const int a = lane / 4, e = lane % 4;
+    float4 v[kGrab][8];
 #pragma unroll
-    for (int p = 0; p < 32; ++p) {
-      if (p < valid) {
-        uint32_t t;
-        asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(t) : "f"(v[p]));
-        row[p * g.c] = __uint_as_float(t);
+    for (int q = 0; q < kGrab; ++q) {
+      const int b = first + q, n = b / per_image, r = b % per_image;
+      const int p0 = r / cblocks * 32 + 4 * e;
+      const float* from = src + (int64_t(n) * g.c + r % cblocks * 32 + 4 * a) * hw + p0;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          v[q][4 * h + k] = b < total && p0 + 16 * h < hw
+              ? __ldg(reinterpret_cast<const float4*>(from + k * hw + 16 * h))
+              : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
       }
     }
-    ++boxes;
+#pragma unroll
+    for (int q = 0; q < kGrab; ++q) {
+      const int b = first + q, n = b / per_image, r = b % per_image;
+      if (b >= total) {
+        break;
+      }
+      if (n != counted) {
+        __syncwarp();
+        if (lane == 0 && boxes > 0) {
+          asm volatile(
+              "fence.proxy.async.global;\n"
+              "red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(done + counted), "r"(boxes)
+              : "memory");
+        }
+        counted = n;
+        boxes = 0;
+      }
+      const int p0 = r / cblocks * 32 + 4 * e;
+      float* to = dst + (n * hw + p0) * g.c + r % cblocks * 32 + 4 * a;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (p0 + 16 * h < hw) {
+          const float* t = reinterpret_cast<const float*>(&v[q][4 * h]);  // [channel][position]
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            *reinterpret_cast<float4*>(to + (16 * h + i) * g.c) =
+                make_float4(roundTf32(t[i]), roundTf32(t[4 + i]), roundTf32(t[8 + i]), roundTf32(t[12 + i]));
+          }
+        }
+      }
+      ++boxes;
+    }
   }
-  count(counted, boxes);
+  __syncwarp();
+  if (lane == 0 && boxes > 0) {
+    asm volatile(
+        "fence.proxy.async.global;\n"
+        "red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(done + counted), "r"(boxes)
+        : "memory");
+  }
 }
 
 // Waits until the converters have counted all `per_image` boxes of image n
@@ -286,15 +296,14 @@ __global__ void __launch_bounds__(kThreads, 1) implicitGemmKernel(
     const __grid_constant__ CUtensorMap x_map,
     const __grid_constant__ CUtensorMap w_map,
     const __grid_constant__ CUtensorMap out_map,
-    const __grid_constant__ CUtensorMap src_map,
     const float* __restrict__ bias,
     const float* __restrict__ other,
     float alpha,
     uint32_t* __restrict__ mask,
+    const float* x_nchw,
     float* x_nhwc,
     uint32_t* workspace,
-    int converters,
-    int box_stages,
+    int lookahead,
     ImplicitGemmConv g,
     Tiling t) {
 #ifdef TORCHFUSE_SM90A
@@ -312,25 +321,6 @@ __global__ void __launch_bounds__(kThreads, 1) implicitGemmKernel(
   const auto plane_free = [&](int b) { return bars + 8 * (2 * kStages + 2 + b); };
 
   const int tid = threadIdx.x;
-  // With converters (variant J), roles go by arrival: the first CTAs to run
-  // convert, so a convolving CTA never waits on one that is not resident.
-  int role = blockIdx.x;
-  if (converters > 0) {
-    if (tid == 0) {
-      asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(base), "r"(atomicAdd(workspace, 1u))
-                   : "memory");
-    }
-    __syncthreads();
-    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(role) : "r"(base) : "memory");
-    // TMA (the async proxy) writes this word next
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-    __syncthreads();
-    if (role < converters) {
-      convertNchw(&src_map, x_nhwc, workspace + 1, g, role, converters, box_stages, base);
-      return;
-    }
-    role -= converters;
-  }
   if (tid == 0) {
     for (int s = 0; s < kStages; ++s) {
       barrierInit(weight_full(s), 1);
@@ -349,15 +339,20 @@ __global__ void __launch_bounds__(kThreads, 1) implicitGemmKernel(
   const int tiles = int(g.n) * tiles_per_image;
 
   if (tid < 128) {
+    if (x_nchw != nullptr && tid >= 32) {
+      convertNchw(x_nchw, x_nhwc, workspace, lookahead, g);
+    }
     if (tid == 0) {
       // Waiting on a fresh barrier's previous phase returns at once, so the
       // first pass through each buffer does not wait.
       int w_it = 0, p_it = 0, converted = -1;
       const uint32_t per_image = uint32_t(((g.h * g.w + 31) / 32) * (g.c / 32));
-      for (int tile = role; tile < tiles; tile += gridDim.x - converters) {
+      for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const int n = tile / tiles_per_image, p0 = (tile % tiles_per_image) * t.tr;
-        if (converters > 0 && n != converted) {
-          waitConverted(workspace + 1 + n, per_image);
+        if (x_nchw != nullptr && n != converted) {
+          // the converters may now run up to image n + lookahead
+          atomicMax(workspace + 1, uint32_t(n));
+          waitConverted(workspace + 2 + n, per_image);
           converted = n;
         }
         for (int chunk = 0; chunk < chunks; ++chunk, ++p_it) {
@@ -407,7 +402,7 @@ __global__ void __launch_bounds__(kThreads, 1) implicitGemmKernel(
   asm volatile("bar.sync 1, 256;\n" ::: "memory");
   int w_it = 0, p_it = 0, slice_it = 0;
   float acc[2][kN / 2];
-  for (int tile = role; tile < tiles; tile += gridDim.x - converters) {
+  for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
     const int n = tile / tiles_per_image, p0 = (tile % tiles_per_image) * t.tr;
     // A stage is released once the MMAs after it have waited for it.
     int last_weight = -1, last_plane = -1;
@@ -637,44 +632,22 @@ bool implicitGemmConvTakes(const ImplicitGemmConv& g, bool with_mask) {
   return sm90Device() && encoder() != nullptr;
 }
 
-int implicitGemmConvConverters(const ImplicitGemmConv& g) {
-  // TMA's row stride: whole 16-byte units; the converters' box indices are
-  // 32-bit
-  if ((g.h * g.w) % 4 != 0 || g.n * ((g.h * g.w + 31) / 32) * (g.c / 32) >= (int64_t(1) << 31) ||
-      tiling(g, false).smem < 1024 + kBoxWarps * (kBoxBytes + 16)) {
-    return 0;
-  }
-  int device = 0, sms = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      sms < 4) {
-    return 0;
-  }
-  // Per image, the conversion moves 8 h w c bytes and the convolution does
-  // 2 p q n c r s FLOPs at the tile's n.  Per SM, a converter moves
-  // kConverterBytesPerSecond (read and written) and a convolving CTA runs
-  // kConvolverFlops (measured, README variant J); the converters get the
-  // share of the SMs that keeps them kConverterMargin times ahead.
-  constexpr double kConverterBytesPerSecond = 42e9, kConvolverFlops = 2.5e12,
-                   kConverterMargin = 1.0;
-  const double bytes = 8.0 * double(g.h * g.w * g.c),
-               flops = 2.0 * double(g.p * g.q) * tileChannels(g) * double(g.c * g.r * g.s);
-  const double ratio = kConverterMargin * (bytes / kConverterBytesPerSecond) / (flops / kConvolverFlops);
-  const int converters = int(std::ceil(sms * ratio / (1.0 + ratio)));
-  return std::clamp(converters, 1, sms / 2);
+bool implicitGemmConvConvertsNchw(const ImplicitGemmConv& g) {
+  // rows of whole 16-byte loads; 32-bit box indices
+  return (g.h * g.w) % 4 == 0 && g.n * ((g.h * g.w + 31) / 32) * (g.c / 32) < (int64_t(1) << 31);
 }
 
 int64_t implicitGemmConvWorkspaceWords(const ImplicitGemmConv& g) {
-  return g.n + 1;  // the arrival ticket, then one count per image
+  return g.n + 2;  // the next box, the furthest image reached, a count per image
 }
 
 namespace {
 
-// x nchw, converted in the kernel into x (variant J).
+// x nchw, converted by the kernel into x (variant J).
 struct NchwSource {
   const float* x;
   uint32_t* workspace;
-  int converters;
+  int lookahead;
 };
 
 template <int kN, Epilogue kE>
@@ -690,7 +663,7 @@ bool launch(
     cudaStream_t stream,
     const NchwSource* source = nullptr) {
   const Tiling t = tiling(g, kE == Epilogue::kReluMask);
-  CUtensorMap x_map, w_map, out_map, src_map{};
+  CUtensorMap x_map, w_map, out_map;
   const cuuint64_t x_dims[4] = {cuuint64_t(g.c), cuuint64_t(g.w), cuuint64_t(g.h), cuuint64_t(g.n)};
   const cuuint64_t x_strides[3] = {cuuint64_t(g.c) * 4, cuuint64_t(g.w * g.c) * 4,
                                    cuuint64_t(g.h * g.w * g.c) * 4};
@@ -717,31 +690,15 @@ bool launch(
     return false;
   }
   const int64_t tiles = g.n * ((g.p + t.tr - 1) / t.tr);
-  int converters = 0, box_stages = 0;
   uint32_t* workspace = nullptr;
   if (source != nullptr) {
-    // [n][c][h * w]: boxes of 32 positions x 32 channels of one image
-    const int64_t hw = g.h * g.w;
-    const cuuint64_t src_dims[3] = {cuuint64_t(hw), cuuint64_t(g.c), cuuint64_t(g.n)};
-    const cuuint64_t src_strides[2] = {cuuint64_t(hw) * 4, cuuint64_t(hw * g.c) * 4};
-    const cuuint32_t src_box[3] = {32, 32, 1};
-    if (!encode(&src_map, source->x, 3, src_dims, src_strides, src_box,
-                CU_TENSOR_MAP_SWIZZLE_128B)) {
-      return false;
-    }
-    converters = std::clamp(source->converters, 1, std::max(sms / 2, 1));
-    box_stages = kBoxWarps *
-        int(std::min<size_t>(kBoxRounds, (t.smem - 1024) / (kBoxWarps * (kBoxBytes + 16))));
-    if (box_stages == 0) {
-      return false;  // not seen: the patches alone take more room
-    }
     workspace = source->workspace;
     cudaMemsetAsync(workspace, 0, implicitGemmConvWorkspaceWords(g) * 4, stream);
   }
-  const int blocks = int(std::min<int64_t>(tiles, std::max(sms - converters, 1))) + converters;
+  const int blocks = int(std::min<int64_t>(tiles, std::max(sms, 1)));
   kernel<<<blocks, kThreads, t.smem, stream>>>(
-      x_map, w_map, out_map, src_map, bias, other, alpha, mask, const_cast<float*>(x), workspace,
-      converters, box_stages, g, t);
+      x_map, w_map, out_map, bias, other, alpha, mask, source != nullptr ? source->x : nullptr,
+      const_cast<float*>(x), workspace, source != nullptr ? source->lookahead : 0, g, t);
   return true;
 }
 
@@ -771,7 +728,7 @@ bool implicitGemmConvReluAddFromNchw(
     const float* x_nchw,
     float* x_nhwc,
     uint32_t* workspace,
-    int converters,
+    int lookahead,
     const float* weight,
     const float* bias,
     const float* other,
@@ -780,7 +737,7 @@ bool implicitGemmConvReluAddFromNchw(
     uint32_t* mask,
     const ImplicitGemmConv& g,
     cudaStream_t stream) {
-  const NchwSource source{x_nchw, workspace, converters};
+  const NchwSource source{x_nchw, workspace, lookahead > 0 ? lookahead : kLookahead};
   if (mask != nullptr) {
     return tileChannels(g) == 64
         ? launch<64, Epilogue::kReluMask>(x_nhwc, weight, bias, other, alpha, out, mask, g, stream, &source)

@@ -45,18 +45,18 @@ bool implicitGemmConvReluAdd(
     const ImplicitGemmConv& g,
     cudaStream_t stream);
 
-// implicitGemmConvReluAdd with x given nchw [n][c][h][w] (16-byte aligned):
-// `converters` of the kernel's CTAs convert it into x_nhwc, rounded to TF32,
-// image by image, while the others convolve the images already converted,
-// so the conversion costs no pass of its own (kernels/conv/README.md,
-// variant J).  workspace: implicitGemmConvWorkspaceWords(g) words, zeroed
-// here.  Needs implicitGemmConvConverters(g) > 0; converters from 1 to half
-// the device's SMs.
+// implicitGemmConvReluAdd with x given nchw [n][c][h][w] (16-byte
+// aligned): the producer warpgroup's idle warps of every CTA convert it into
+// x_nhwc, rounded to TF32, image by image ahead of the convolution, so the
+// conversion costs no pass of its own (kernels/conv/README.md, variant J).
+// They run at most `lookahead` images ahead of the convolution (0: the
+// kernel's own choice).  workspace: implicitGemmConvWorkspaceWords(g)
+// words, zeroed here.  Needs implicitGemmConvConvertsNchw(g).
 bool implicitGemmConvReluAddFromNchw(
     const float* x_nchw,
     float* x_nhwc,
     uint32_t* workspace,
-    int converters,
+    int lookahead,
     const float* weight,
     const float* bias,
     const float* other,
@@ -66,10 +66,9 @@ bool implicitGemmConvReluAddFromNchw(
     const ImplicitGemmConv& g,
     cudaStream_t stream);
 
-// The converter CTAs implicitGemmConvReluAddFromNchw runs by default for this
-// problem on the current device (enough to keep the conversion ahead of the
-// convolution), or 0 where it cannot read x nchw (h * w not a multiple of 4).
-int implicitGemmConvConverters(const ImplicitGemmConv& g);
+// Whether implicitGemmConvReluAddFromNchw can read this problem's x nchw:
+// h * w a multiple of 4 (rows of whole 16-byte loads).
+bool implicitGemmConvConvertsNchw(const ImplicitGemmConv& g);
 
 int64_t implicitGemmConvWorkspaceWords(const ImplicitGemmConv& g);
 

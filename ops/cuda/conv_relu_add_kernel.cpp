@@ -11,7 +11,8 @@
 // converted to NHWC, cuDNN's channels-last convolution, and one pass back to
 // NCHW with the epilogue fused in (kernels/conv/README.md, variant E); on
 // sm_90, where the problem fits it, our implicit-GEMM kernel replaces the
-// last two with one that writes NCHW with the epilogue fused (variant F).
+// last two with one that writes NCHW with the epilogue fused (variant F),
+// and converts x to NHWC itself on its idle warps (variant J).
 // Elsewhere it would be less accurate than eager's: for many shapes cuDNN's
 // NCHW choice is exact float32 while its channels-last engines are TF32.
 // In training, only the implicit-GEMM kernel takes the route's forward, with
@@ -365,29 +366,27 @@ std::optional<kernels::ImplicitGemmConv> dataGradientProblem(
       /*with_mask=*/false);
 }
 
-// TORCHFUSE_CONV_CONVERTERS: unset or "auto": the implicit-GEMM kernel
-// converts x to nhwc itself where it can, on the number of converter CTAs
-// it picks (variant J); "separate": x is converted by a pass of its own
-// before the kernel (F); a number from 1 to 64: that many converter CTAs
-// (for measuring).
-int convertersFor(const kernels::ImplicitGemmConv& g) {
-  constexpr const char* kName = "TORCHFUSE_CONV_CONVERTERS";
+// TORCHFUSE_CONV_CONVERSION: unset or "auto": the implicit-GEMM kernel
+// converts x to nhwc itself where it can (variant J); "separate": a pass of
+// its own converts x before the kernel (F); a number from 1 to 64: the
+// kernel converts x at most that many images ahead of the convolution (for
+// measuring).  Returns -1 for a separate pass, else the lookahead (0: the
+// kernel's own).
+int conversionFor(const kernels::ImplicitGemmConv& g) {
+  constexpr const char* kName = "TORCHFUSE_CONV_CONVERSION";
   const char* env = std::getenv(kName);
   const std::string setting = env == nullptr ? "auto" : env;
-  int count = 0;
+  int lookahead = 0;
   if (setting != "auto" && setting != "separate") {
     const bool digits = !setting.empty() && setting.size() <= 2 &&
         std::all_of(setting.begin(), setting.end(), [](char c) { return c >= '0' && c <= '9'; });
-    count = digits ? std::stoi(setting) : 0;
+    lookahead = digits ? std::stoi(setting) : 0;
     TORCH_CHECK(
-        count >= 1 && count <= 64, "torchfuse::custom_conv_relu_add: expected the environment "
-        "variable ", kName, " to be auto, separate or a number from 1 to 64, got \"", setting, "\"");
+        lookahead >= 1 && lookahead <= 64, "torchfuse::custom_conv_relu_add: expected the "
+        "environment variable ", kName, " to be auto, separate or a number from 1 to 64, got \"",
+        setting, "\"");
   }
-  const int converters = kernels::implicitGemmConvConverters(g);
-  if (setting == "separate" || converters == 0) {
-    return 0;
-  }
-  return setting == "auto" ? converters : count;
+  return setting == "separate" || !kernels::implicitGemmConvConvertsNchw(g) ? -1 : lookahead;
 }
 
 // Variant F: x to nhwc and the weight to [k][r][s][c], both rounded to TF32,
@@ -410,16 +409,16 @@ at::Tensor forwardImplicitGemm(
       cudaPtr<float>(weight), cudaPtr<float>(w), g.k, g.c, g.r * g.s, stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   auto out = at::empty(sizes, input.options());
-  // TMA reads x from a 16-byte aligned start only
-  const int converters =
-      reinterpret_cast<uintptr_t>(input.data_ptr()) % 16 == 0 ? convertersFor(g) : 0;
+  // the kernel reads x in 16-byte loads
+  const int lookahead =
+      reinterpret_cast<uintptr_t>(input.data_ptr()) % 16 == 0 ? conversionFor(g) : -1;
   bool launched = false;
-  if (converters > 0) {
+  if (lookahead >= 0) {
     auto workspace = at::empty(
         {kernels::implicitGemmConvWorkspaceWords(g)}, input.options().dtype(at::kInt));
     launched = kernels::implicitGemmConvReluAddFromNchw(
         cudaPtr<float>(input), cudaPtr<float>(x),
-        reinterpret_cast<uint32_t*>(workspace.data_ptr<int32_t>()), converters,
+        reinterpret_cast<uint32_t*>(workspace.data_ptr<int32_t>()), lookahead,
         cudaPtr<float>(w), operands.biasPtr<float>(), operands.otherPtr<float>(), alpha.toFloat(),
         cudaPtr<float>(out), mask, g, stream);
   } else {

@@ -760,10 +760,11 @@ def test_implicit_gemm_never(monkeypatch):
         ops.custom_conv_relu_add(x, w, None, *args, other, 1.0)
 
 
-# Variant J: the implicit-GEMM kernel converts x from NCHW itself, on some of
-# its CTAs, while the others convolve (TORCHFUSE_CONV_CONVERTERS: auto, a
-# count, or "separate" for F's conversion pass before the kernel).
-CONVERTERS = "TORCHFUSE_CONV_CONVERTERS"
+# Variant J: the implicit-GEMM kernel converts x from NCHW itself, on the
+# idle warps of its CTAs, ahead of the convolution (TORCHFUSE_CONV_CONVERSION:
+# auto, a lookahead in images, or "separate" for F's conversion pass before
+# the kernel).
+CONVERSION = "TORCHFUSE_CONV_CONVERSION"
 
 
 def _x_conversion_passes(fn) -> int:
@@ -772,14 +773,15 @@ def _x_conversion_passes(fn) -> int:
 
 
 @needs_sm90
-@pytest.mark.parametrize("converters", ["auto", "1", "5", "64"])
+@pytest.mark.parametrize("conversion", ["auto", "1", "3", "64"])
 @pytest.mark.parametrize("name", ["q22-pad1", "q40-c128", "q124-3x5", "q128-1x1", "q126-vec", "q70-vec-pad4"])
-def test_implicit_gemm_converts_in_kernel(name, converters, monkeypatch):
+def test_implicit_gemm_converts_in_kernel(name, conversion, monkeypatch):
     """Random signed inputs: with x converted inside the kernel, the output
     (and, in training, the relu mask) equals the one with F's separate
     conversion pass bit for bit, over poisoned memory; the rounding to TF32
     is the same (cvt.rna), so is every product.  Partial boxes: h * w is not
-    a multiple of 32 for the first three."""
+    a multiple of 32 for the first three; a lookahead of 1 makes the
+    converters wait on the convolution most."""
     monkeypatch.setenv(ROUTE, "always")
     monkeypatch.delenv(IMPLICIT_GEMM, raising=False)
     xs, ws, padding = IG_SHAPES[name]
@@ -790,12 +792,12 @@ def test_implicit_gemm_converts_in_kernel(name, converters, monkeypatch):
     b = signed_randn(ws[0], dtype=torch.float32, generator=gen)
     other = signed_randn(ws[0], 1, 1, dtype=torch.float32, generator=gen)
     args = ([1, 1], list(padding), [1, 1], 1)
-    monkeypatch.setenv(CONVERTERS, "separate")
+    monkeypatch.setenv(CONVERSION, "separate")
     assert _x_conversion_passes(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 0.5)) == 1
     with torch.no_grad():
         want = ops.custom_conv_relu_add(x, w, b, *args, other, 0.5)
         want_out, want_mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 0.5)
-    monkeypatch.setenv(CONVERTERS, converters)
+    monkeypatch.setenv(CONVERSION, conversion)
     assert _x_conversion_passes(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 0.5)) == 0
     assert _x_conversion_passes(lambda: ops.custom_conv_relu_add_forward(x, w, b, *args, other, 0.5)) == 0
     sizes = [want.numel() * 4, x.numel() * 4, want_mask.numel()]
@@ -816,7 +818,7 @@ def test_implicit_gemm_conversion_pass_where_kernel_cannot(case, monkeypatch):
     units, or a start off a 16-byte boundary) the separate conversion pass
     runs, and the output is still exact."""
     monkeypatch.setenv(ROUTE, "always")
-    monkeypatch.setenv(CONVERTERS, "auto")
+    monkeypatch.setenv(CONVERSION, "auto")
     xs, ws, padding = IG_SHAPES["q124" if case == "hw-odd" else "q126-vec"]  # 9 * 126 % 4 == 2
     gen = torch.Generator(device="cuda")
     gen.manual_seed(7)
@@ -834,16 +836,16 @@ def test_implicit_gemm_conversion_pass_where_kernel_cannot(case, monkeypatch):
 
 
 @needs_sm90
-def test_implicit_gemm_converters_setting(monkeypatch):
-    """Bad TORCHFUSE_CONV_CONVERTERS values name the variable and the choices."""
+def test_implicit_gemm_conversion_setting(monkeypatch):
+    """Bad TORCHFUSE_CONV_CONVERSION values name the variable and the choices."""
     monkeypatch.setenv(ROUTE, "always")
     xs, ws, padding = IG_SHAPES["q22-pad1"]
     x = torch.randn(*xs, device="cuda")
     w = torch.randn(*ws, device="cuda")
     other = torch.randn(ws[0], 1, 1, device="cuda")
     for bad in ["0", "65", "four", "-1", ""]:
-        monkeypatch.setenv(CONVERTERS, bad)
-        with pytest.raises(RuntimeError, match=f"TORCHFUSE_CONV_CONVERTERS to be auto, separate or a number from 1 to 64, got \"{bad}\""):
+        monkeypatch.setenv(CONVERSION, bad)
+        with pytest.raises(RuntimeError, match=f"TORCHFUSE_CONV_CONVERSION to be auto, separate or a number from 1 to 64, got \"{bad}\""):
             ops.custom_conv_relu_add(x, w, None, [1, 1], list(padding), [1, 1], 1, other, 1.0)
 
 
