@@ -688,13 +688,9 @@ def test_implicit_gemm_misaligned_input(monkeypatch):
     assert torch.equal(out, want)
 
 
-@needs_sm90
-@pytest.mark.parametrize("name", ["q22-pad1", "q124", "q124-3x5", "q126-vec"])
-def test_implicit_gemm_random_signed(name, monkeypatch):
-    """Random signed inputs: the output is the convolution of the inputs
-    rounded to TF32, accumulated in float32: within 1e-5 of that product
-    computed in float64 (relative to the largest output), NaN nowhere."""
-    monkeypatch.setenv(ROUTE, "always")
+def _ig_signed_inputs(name):
+    """Random signed x, w / 24, b and a per-channel `other` of an IG_SHAPES
+    problem, and the conv arguments."""
     xs, ws, padding = IG_SHAPES[name]
     gen = torch.Generator(device="cuda")
     gen.manual_seed(run_seed())
@@ -702,7 +698,18 @@ def test_implicit_gemm_random_signed(name, monkeypatch):
     w = signed_randn(*ws, dtype=torch.float32, generator=gen) / 24
     b = signed_randn(ws[0], dtype=torch.float32, generator=gen)
     other = signed_randn(ws[0], 1, 1, dtype=torch.float32, generator=gen)
-    args = ([1, 1], list(padding), [1, 1], 1)
+    return x, w, b, other, ([1, 1], list(padding), [1, 1], 1)
+
+
+@needs_sm90
+@pytest.mark.parametrize("name", ["q22-pad1", "q124", "q124-3x5", "q126-vec"])
+def test_implicit_gemm_random_signed(name, monkeypatch):
+    """Random signed inputs: the output is the convolution of the inputs
+    rounded to TF32, accumulated in float32: within 1e-5 of that product
+    computed in float64 (relative to the largest output), NaN nowhere."""
+    monkeypatch.setenv(ROUTE, "always")
+    x, w, b, other, args = _ig_signed_inputs(name)
+    padding = args[1]
     ref = torch.relu(F.conv2d(_round_tf32(x).double(), _round_tf32(w).double(), b.double(),
                               padding=padding)) + 0.75 * other.double()
     poison_allocator([ref.numel() * 4])
@@ -784,14 +791,7 @@ def test_implicit_gemm_converts_in_kernel(name, conversion, monkeypatch):
     converters wait on the convolution most."""
     monkeypatch.setenv(ROUTE, "always")
     monkeypatch.delenv(IMPLICIT_GEMM, raising=False)
-    xs, ws, padding = IG_SHAPES[name]
-    gen = torch.Generator(device="cuda")
-    gen.manual_seed(run_seed())
-    x = signed_randn(*xs, dtype=torch.float32, generator=gen)
-    w = signed_randn(*ws, dtype=torch.float32, generator=gen) / 24
-    b = signed_randn(ws[0], dtype=torch.float32, generator=gen)
-    other = signed_randn(ws[0], 1, 1, dtype=torch.float32, generator=gen)
-    args = ([1, 1], list(padding), [1, 1], 1)
+    x, w, b, other, args = _ig_signed_inputs(name)
     monkeypatch.setenv(CONVERSION, "separate")
     assert _x_conversion_passes(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 0.5)) == 1
     with torch.no_grad():
