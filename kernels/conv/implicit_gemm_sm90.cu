@@ -32,7 +32,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
 
 namespace torchfuse::kernels {
 namespace {
@@ -174,9 +173,8 @@ __device__ __forceinline__ float roundTf32(float v) {
 // convert them all; a warp waits before an image more than `lookahead`
 // past the furthest a producer has reached, which spreads the conversion's
 // traffic over the kernel and keeps the images it wrote in L2 until read.
-// Per image, the
-// boxes are counted in done[image] (released after a proxy fence: the
-// producer reads x_nhwc by TMA, the async proxy).
+// Per image, the boxes are counted in done[image] (released after a proxy
+// fence: the producer reads x_nhwc by TMA, the async proxy).
 // workspace: [0] the next box, [1] the furthest image a producer reached,
 // then done[n].
 __device__ __forceinline__ void convertNchw(
