@@ -1,4 +1,5 @@
 #include "kernels/conv/conv_relu_add.cuh"
+#include "kernels/conv/tf32.cuh"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -271,13 +272,6 @@ struct Identity {
     return v;
   }
 };
-
-// v rounded to TF32, to nearest with ties away from zero.
-__device__ __forceinline__ float roundTf32(float v) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
-  return __uint_as_float(r);
-}
 
 struct RoundTf32 {
   static constexpr bool kRowSums = false;

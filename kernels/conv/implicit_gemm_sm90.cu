@@ -26,6 +26,7 @@
 // each image's conversion before loading from it.
 
 #include "kernels/conv/implicit_gemm_sm90.cuh"
+#include "kernels/conv/tf32.cuh"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -51,6 +52,11 @@ constexpr int kMaskWords = 9;
 // ahead of the furthest image a producer has reached.
 constexpr int kGrab = 2;
 constexpr int kLookahead = 2;
+
+// x's boxes per image (variant J): 32 positions by 32 channels each.
+__host__ __device__ __forceinline__ int64_t boxesPerImage(const ImplicitGemmConv& g) {
+  return (g.h * g.w + 31) / 32 * (g.c / 32);
+}
 
 enum class Epilogue { kNone, kRelu, kReluMask };  // the convolution alone; with relu; and its mask
 
@@ -159,13 +165,6 @@ __device__ __forceinline__ void barrierWait(uint32_t bar, uint32_t parity) {
       : "memory");
 }
 
-// v rounded to TF32, to nearest with ties away from zero.
-__device__ __forceinline__ float roundTf32(float v) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
-  return __uint_as_float(r);
-}
-
 // Variant J: warps 1..3 of every CTA's producer warpgroup, idle
 // otherwise, convert x from nchw into x_nhwc, rounded to TF32 to nearest
 // (cvt.rna, as transposeBatchedTf32).  An atomic counter hands out boxes of
@@ -182,12 +181,22 @@ __device__ __forceinline__ void convertNchw(
     const ImplicitGemmConv& g) {
   const int lane = threadIdx.x % 32;
   const int64_t hw = g.h * g.w;
-  const int cblocks = int(g.c / 32), per_image = int((hw + 31) / 32) * cblocks;
+  const int cblocks = int(g.c / 32), per_image = int(boxesPerImage(g));
   const int total = int(g.n) * per_image;
   const uint32_t* reached = workspace + 1;
   uint32_t* done = workspace + 2;
   int counted = 0;
   uint32_t boxes = 0;
+  // counts the warp's boxes of image `counted`, once all its lanes stored
+  const auto release = [&] {
+    __syncwarp();
+    if (lane == 0 && boxes > 0) {
+      asm volatile(
+          "fence.proxy.async.global;\n"
+          "red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(done + counted), "r"(boxes)
+          : "memory");
+    }
+  };
   while (true) {
     int first = 0;
     if (lane == 0) {
@@ -235,13 +244,7 @@ __device__ __forceinline__ void convertNchw(
         break;
       }
       if (n != counted) {
-        __syncwarp();
-        if (lane == 0 && boxes > 0) {
-          asm volatile(
-              "fence.proxy.async.global;\n"
-              "red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(done + counted), "r"(boxes)
-              : "memory");
-        }
+        release();
         counted = n;
         boxes = 0;
       }
@@ -261,13 +264,7 @@ __device__ __forceinline__ void convertNchw(
       ++boxes;
     }
   }
-  __syncwarp();
-  if (lane == 0 && boxes > 0) {
-    asm volatile(
-        "fence.proxy.async.global;\n"
-        "red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(done + counted), "r"(boxes)
-        : "memory");
-  }
+  release();
 }
 
 // Waits until the converters have counted all `per_image` boxes of image n
@@ -344,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, 1) implicitGemmKernel(
       // Waiting on a fresh barrier's previous phase returns at once, so the
       // first pass through each buffer does not wait.
       int w_it = 0, p_it = 0, converted = -1;
-      const uint32_t per_image = uint32_t(((g.h * g.w + 31) / 32) * (g.c / 32));
+      const uint32_t per_image = uint32_t(boxesPerImage(g));
       for (int tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const int n = tile / tiles_per_image, p0 = (tile % tiles_per_image) * t.tr;
         if (x_nchw != nullptr && n != converted) {
@@ -632,7 +629,7 @@ bool implicitGemmConvTakes(const ImplicitGemmConv& g, bool with_mask) {
 
 bool implicitGemmConvConvertsNchw(const ImplicitGemmConv& g) {
   // rows of whole 16-byte loads; 32-bit box indices
-  return (g.h * g.w) % 4 == 0 && g.n * ((g.h * g.w + 31) / 32) * (g.c / 32) < (int64_t(1) << 31);
+  return (g.h * g.w) % 4 == 0 && g.n * boxesPerImage(g) < (int64_t(1) << 31);
 }
 
 int64_t implicitGemmConvWorkspaceWords(const ImplicitGemmConv& g) {
