@@ -21,6 +21,9 @@ struct OptimizeOptions {
   bool freeze = false;
   // Names from kPassNames to run, in the pipeline's own order; empty = all.
   std::vector<std::string> passes;
+  // With freeze: attributes and methods (e.g. @torch.jit.export ones) that
+  // freezing keeps, as torch.jit.freeze's preserved_attrs.
+  std::vector<std::string> preserved_attrs;
 };
 
 // "linear_add_relu", "conv_relu_add", "batch_norm_add_div_swish", "relu".
