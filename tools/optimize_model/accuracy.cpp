@@ -5,8 +5,11 @@
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/utils.h>
 
+#include <sys/sysinfo.h>
+
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <sstream>
 
 #include "tools/optimize_model/output.h"
@@ -83,6 +86,19 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const auto n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// NB: whatever the original model throws on the user's inputs, running out
+// of memory included, is the user's input (exit 2); what only the optimized
+// model throws is the check's finding (exit 5).  Neither is a bug of ours.
+[[noreturn]] void originalFails(const CheckSpec& spec, const std::exception& e) {
+  throw ToolError(kUsage, "--input-shape '" + spec.shape_spec + "' (" + spec.dtype_name +
+                              ") does not fit the model: " + errorLine(e));
+}
+
+[[noreturn]] void optimizedFails(const std::exception& e) {
+  throw ToolError(
+      kCheckFailed, "the optimized model fails on inputs the original accepts: " + errorLine(e));
 }
 
 double timeRuns(
@@ -207,6 +223,42 @@ struct Comparison {
 
 } // namespace
 
+int64_t inputBytes(const CheckSpec& spec) {
+  const int64_t per_element = std::max<int64_t>(4, c10::elementSize(spec.dtype));
+  int64_t total = 0;
+  for (const auto& shape : spec.shapes) {
+    int64_t bytes = per_element;
+    for (const auto d : shape) {
+      if (__builtin_mul_overflow(bytes, d, &bytes)) {
+        return std::numeric_limits<int64_t>::max();
+      }
+    }
+    if (__builtin_add_overflow(total, bytes, &total)) {
+      return std::numeric_limits<int64_t>::max();
+    }
+  }
+  return total;
+}
+
+void checkInputsFitInMemory(const CheckSpec& spec) {
+  struct sysinfo info {};
+  if (::sysinfo(&info) != 0) {
+    return;  // unknown: the allocation itself will tell
+  }
+  const double machine =
+      (static_cast<double>(info.totalram) + static_cast<double>(info.totalswap)) * info.mem_unit;
+  const auto bytes = inputBytes(spec);
+  if (static_cast<double>(bytes) > machine) {
+    std::ostringstream why;
+    why << "--input-shape '" << spec.shape_spec << "' (" << spec.dtype_name
+        << "): the inputs need "
+        << (bytes == std::numeric_limits<int64_t>::max() ? "more than " : "") << bytes
+        << " bytes, which could not be allocated: this machine has "
+        << static_cast<int64_t>(machine) << " bytes of memory and swap";
+    throw ToolError(kUsage, why.str());
+  }
+}
+
 Tolerance defaultTolerance(c10::ScalarType dtype) {
   switch (dtype) {
     case c10::kDouble:
@@ -247,8 +299,17 @@ CheckResult checkAccuracy(
   // values for every dtype and device.
   torch::manual_seed(spec.seed);
   std::vector<at::Tensor> inputs;
-  for (const auto& shape : spec.shapes) {
-    inputs.push_back(at::randn(shape, at::kFloat).to(spec.dtype).to(spec.device));
+  try {
+    for (const auto& shape : spec.shapes) {
+      inputs.push_back(at::randn(shape, at::kFloat).to(spec.dtype).to(spec.device));
+    }
+  } catch (const std::exception& e) {
+    // NB: drawing random tensors of the user's shapes fails only when they do
+    // not fit in memory: the user's input, not a bug.
+    throw ToolError(kUsage, "--input-shape '" + spec.shape_spec + "' (" + spec.dtype_name +
+                                "): the inputs need " + std::to_string(inputBytes(spec)) +
+                                " bytes, which could not be allocated on " + spec.device.str() +
+                                ": " + errorLine(e));
   }
 
   CheckResult result;
@@ -259,8 +320,7 @@ CheckResult checkAccuracy(
     torch::manual_seed(spec.seed + 1);
     ref = runOnce(original, inputs, spec.device);
   } catch (const std::exception& e) {
-    throw ToolError(
-        kUsage, "--input-shape '" + spec.shape_spec + "' (" + spec.dtype_name + ") does not fit the model: " + errorLine(e));
+    originalFails(spec, e);
   }
   const double first_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
   c10::IValue out;
@@ -269,8 +329,7 @@ CheckResult checkAccuracy(
     torch::manual_seed(spec.seed + 1);
     out = runOnce(optimized, inputs, spec.device);
   } catch (const std::exception& e) {
-    throw ToolError(
-        kCheckFailed, "the optimized model fails on inputs the original accepts: " + errorLine(e));
+    optimizedFails(e);
   }
 
   std::vector<Leaf> ref_leaves, out_leaves;
@@ -306,12 +365,21 @@ CheckResult checkAccuracy(
   // One more untimed run each lets the profiling executor specialize.
   result.runs = static_cast<int>(
       std::clamp(kTimingBudgetMs / std::max(first_ms, 1e-3) / 2, 1.0, double(kMaxTimedRuns)));
-  progress("original model, warm-up run");
-  runOnce(original, inputs, spec.device);
-  result.original_ms = timeRuns(original, inputs, spec.device, result.runs, "original", progress);
-  progress("optimized model, warm-up run");
-  runOnce(optimized, inputs, spec.device);
-  result.optimized_ms = timeRuns(optimized, inputs, spec.device, result.runs, "optimized", progress);
+  try {
+    progress("original model, warm-up run");
+    runOnce(original, inputs, spec.device);
+    result.original_ms = timeRuns(original, inputs, spec.device, result.runs, "original", progress);
+  } catch (const std::exception& e) {
+    originalFails(spec, e);
+  }
+  try {
+    progress("optimized model, warm-up run");
+    runOnce(optimized, inputs, spec.device);
+    result.optimized_ms =
+        timeRuns(optimized, inputs, spec.device, result.runs, "optimized", progress);
+  } catch (const std::exception& e) {
+    optimizedFails(e);
+  }
   return result;
 }
 

@@ -47,13 +47,23 @@ struct CheckResult {
   std::string failure;       // why it failed, one line; empty when passed
 };
 
+// Bytes of the random inputs: each drawn in float32, then converted to
+// spec.dtype; the larger of the two per element.  Saturates at INT64_MAX.
+int64_t inputBytes(const CheckSpec& spec);
+
+// Throws ToolError(kUsage) when the inputs need more bytes than the memory
+// and swap of this machine, which no allocation can give (and which Linux
+// may grant with overcommit, then end in the OOM killer).
+void checkInputsFitInMemory(const CheckSpec& spec);
+
 // Reports progress of a long check; called with e.g. "optimized model, run
 // 3/10".  Throttling and printing are the caller's.
 using ProgressFn = std::function<void(const std::string&)>;
 
 // `original` and `optimized` are already on spec.device.  Throws
-// ToolError(kUsage) when the original model rejects the inputs and
-// ToolError(kCheckFailed) when only the optimized one does.
+// ToolError(kUsage) when the inputs cannot be created (out of memory) or the
+// original model fails on them (out of memory included), and
+// ToolError(kCheckFailed) when only the optimized one fails.
 CheckResult checkAccuracy(
     torch::jit::Module& original,
     torch::jit::Module& optimized,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 
 #include "torchfuse/optimize.h"
@@ -84,6 +85,16 @@ std::vector<Shape> parseShapes(const std::string& spec) {
         bad("'" + dim + "' in '" + item + "' is not a positive integer");
       }
       shape.push_back(value);
+    }
+    // NB: at::randn would fail deep inside with a c10 error (exit 1); the
+    // shape is the user's input, so say so here, before anything is loaded.
+    int64_t numel = 1;
+    for (const auto d : shape) {
+      if (__builtin_mul_overflow(numel, d, &numel)) {
+        throw ToolError(kUsage, "--input-shape '" + spec + "': the input " + item +
+                                    " has more elements than fit in int64 (at most " +
+                                    std::to_string(std::numeric_limits<int64_t>::max()) + ")");
+      }
     }
     shapes.push_back(std::move(shape));
   }
@@ -244,9 +255,12 @@ std::string helpText() {
 
 Fuses operator chains of a TorchScript model into torchfuse::custom_* ops and
 saves the result.  OUT.pt is written atomically: on any failure an existing
-OUT.pt is left untouched and no partial file remains.  Running OUT.pt needs
-the torchfuse ops library (torch.ops.load_library(torchfuse.library_path())
-in Python; link torchfuse::ops in C++).
+OUT.pt is left untouched and no partial file remains.  OUT.pt and the report
+must each be a new path or a regular file (a symlink to a regular file is
+written through and kept), and must not be IN.pt or each other, also through
+a symlink or a hard link.  Running OUT.pt needs the torchfuse ops library
+(torch.ops.load_library(torchfuse.library_path()) in Python; link
+torchfuse::ops in C++).
 
 options:
   --freeze              freeze the model for inference first (it must have
@@ -280,8 +294,9 @@ exit codes:
   0  success
   1  unexpected internal error (a bug; please report it)
   2  usage: a bad or missing argument, an unknown option or pass name, an
-     input shape that does not parse or that the model rejects, a missing
-     CUDA device
+     input shape that does not parse, overflows int64, does not fit in
+     memory or that the model rejects (running out of memory included), a
+     missing CUDA device, OUT.pt or the report naming IN.pt or each other
   3  IN.pt cannot be loaded: missing, unreadable, not a TorchScript archive,
      truncated, or using ops that are not loaded
   4  the model cannot be optimized as asked, e.g. --freeze on a model saved
@@ -289,7 +304,8 @@ exit codes:
   5  --check failed: the outputs differ beyond the tolerance (or are NaN),
      or the optimized model fails where the original runs
   6  OUT.pt or the report cannot be written: the folder does not exist or is
-     not writable
+     not writable, or the path is neither a new path nor a regular file (a
+     folder, a device, a FIFO, a socket, a dangling symlink)
 Errors print one line on stderr, starting with "optimize-model: ".
 )";
 }

@@ -16,11 +16,17 @@ namespace torchfuse::tools {
 enum ExitCode : int {
   kOk = 0,
   kInternal = 1,     // an unexpected error (a bug): please report it
-  kUsage = 2,        // bad or missing arguments, an input shape the model rejects
+  kUsage = 2,        // bad or missing arguments; an input shape that overflows
+                     // int64, cannot be allocated, or that the original model
+                     // rejects (out of memory included); OUT or the report
+                     // naming IN or each other (also through links)
   kLoad = 3,         // IN cannot be read or is not a TorchScript archive
   kOptimize = 4,     // the model cannot be optimized as asked
-  kCheckFailed = 5,  // --check: the outputs differ beyond the tolerance
-  kWrite = 6,        // OUT or the report cannot be written
+  kCheckFailed = 5,  // --check: the outputs differ beyond the tolerance, or
+                     // only the optimized model fails (out of memory included)
+  kWrite = 6,        // OUT or the report cannot be written, or is neither a
+                     // missing path nor a regular file (a symlink to one is
+                     // written through)
 };
 
 // Ends the run: `what()` is the one line printed on stderr.

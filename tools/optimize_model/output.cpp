@@ -7,8 +7,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iomanip>
 #include <sstream>
@@ -32,8 +34,69 @@ std::string parentDir(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
+std::string baseName(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
 std::string errnoText(int err) {
   return std::strerror(err);
+}
+
+const char* kindName(mode_t mode) {
+  if (S_ISDIR(mode)) {
+    return "a folder";
+  }
+  if (S_ISCHR(mode)) {
+    return "a character device";
+  }
+  if (S_ISBLK(mode)) {
+    return "a block device";
+  }
+  if (S_ISFIFO(mode)) {
+    return "a FIFO";
+  }
+  if (S_ISSOCK(mode)) {
+    return "a socket";
+  }
+  return "not a regular file";
+}
+
+[[noreturn]] void notAFile(const std::string& what, const std::string& path, const std::string& got) {
+  throw ToolError(kWrite, "cannot write " + what + " '" + path +
+                              "': expected a regular file or a new path, got " + got);
+}
+
+// Where `path` points: an existing file by device and inode (symlinks
+// followed, so hard links and links compare equal), a missing one by its
+// resolved folder and name.
+struct FileIdentity {
+  bool exists = false;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  std::string where;
+
+  bool operator==(const FileIdentity& o) const {
+    return exists == o.exists && (exists ? dev == o.dev && ino == o.ino : where == o.where);
+  }
+};
+
+FileIdentity identify(const std::string& path) {
+  FileIdentity id;
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    id.exists = true;
+    id.dev = st.st_dev;
+    id.ino = st.st_ino;
+    return id;
+  }
+  char resolved[PATH_MAX];
+  if (::realpath(parentDir(path).c_str(), resolved) != nullptr) {
+    id.where = std::string(resolved) + "/" + baseName(path);
+  } else {
+    id.where = path;  // the folder is missing: checkWritable says so
+  }
+  return id;
 }
 
 // NB: an interrupted run must not leave its temporary files behind; the
@@ -156,23 +219,77 @@ std::string errorLine(const std::exception& e) {
   return line;
 }
 
-void checkWritable(const std::string& path, const std::string& what) {
-  const auto dir = parentDir(path);
+void checkDistinctPaths(const Options& opts) {
+  const auto in = identify(opts.input);
+  const auto out = identify(opts.output);
+  const auto same = [](const std::string& what, const std::string& path, const std::string& other,
+                       const std::string& other_path, const std::string& loss) {
+    throw ToolError(kUsage, what + " '" + path + "' is the same file as " + other + " '" +
+                                other_path + "'; expected a separate file (" + loss + ")");
+  };
+  if (out == in) {
+    same("OUT.pt", opts.output, "IN.pt", opts.input, "the input model would be replaced");
+  }
+  if (opts.report_path.empty()) {
+    return;
+  }
+  const auto report = identify(opts.report_path);
+  if (report == in) {
+    same("--report", opts.report_path, "IN.pt", opts.input, "the input model would be replaced");
+  }
+  if (report == out) {
+    same("--report", opts.report_path, "OUT.pt", opts.output,
+         "the report would replace the optimized model");
+  }
+}
+
+std::string writeTarget(const std::string& path, const std::string& what) {
+  // NB: the file is replaced by rename(), which replaces whatever the name
+  // holds: a device node, a FIFO, a symlink.  Only a regular file may go; a
+  // symlink is written through (as a shell's > or cp do) and is kept.  A
+  // failing lstat (missing path, missing folder) is left to checkWritable.
+  std::string target = path;
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    if (!S_ISLNK(st.st_mode)) {
+      notAFile(what, path, kindName(st.st_mode));
+    }
+    char link[PATH_MAX];
+    const auto n = ::readlink(path.c_str(), link, sizeof(link) - 1);
+    const std::string to = n < 0 ? std::string("?") : std::string(link, static_cast<size_t>(n));
+    if (::stat(path.c_str(), &st) != 0) {
+      const int err = errno;
+      notAFile(what, path, err == ENOENT
+                   ? "a symlink to a missing file ('" + to + "')"
+                   : "a symlink that cannot be followed ('" + to + "': " + errnoText(err) + ")");
+    }
+    if (!S_ISREG(st.st_mode)) {
+      notAFile(what, path, std::string("a symlink to ") + kindName(st.st_mode) + " ('" + to + "')");
+    }
+    char resolved[PATH_MAX];
+    if (::realpath(path.c_str(), resolved) == nullptr) {
+      const int err = errno;
+      throw ToolError(kWrite, "cannot write " + what + " '" + path + "': " + errnoText(err));
+    }
+    target = resolved;
+  }
+  return target;
+}
+
+void checkWritable(const std::string& target, const std::string& what) {
+  const auto dir = parentDir(target);
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) {
-    throw ToolError(kWrite, "cannot write " + what + " '" + path + "': folder '" + dir +
+    throw ToolError(kWrite, "cannot write " + what + " '" + target + "': folder '" + dir +
                                 "' does not exist");
   }
   if (!S_ISDIR(st.st_mode)) {
-    throw ToolError(kWrite, "cannot write " + what + " '" + path + "': '" + dir +
+    throw ToolError(kWrite, "cannot write " + what + " '" + target + "': '" + dir +
                                 "' is not a folder");
-  }
-  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
-    throw ToolError(kWrite, "cannot write " + what + " '" + path + "': it is a folder");
   }
   // NB: access(W_OK) says yes to root on a read-only folder; creating the
   // temporary file the real write will use is the one reliable test.
-  AtomicFile probe(path, what);
+  AtomicFile probe(target, what);
 }
 
 AtomicFile::AtomicFile(std::string target, std::string what)
@@ -232,6 +349,12 @@ void AtomicFile::write(const std::string& bytes) {
 }
 
 void AtomicFile::commit() {
+  // checkWritable refused anything but a regular file long before; look again
+  // just before replacing, in case the path changed while the model was made.
+  struct stat st {};
+  if (::lstat(target_.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    notAFile(what_, target_, S_ISLNK(st.st_mode) ? "a symlink" : kindName(st.st_mode));
+  }
   if (::rename(temp_.c_str(), target_.c_str()) != 0) {
     const int err = errno;
     throw ToolError(kWrite, "cannot write " + what_ + " '" + target_ + "': " + errnoText(err));

@@ -20,14 +20,28 @@ namespace torchfuse::tools {
 // than the traceback.
 std::string errorLine(const std::exception& e);
 
-// Fails early, with ToolError(kWrite), when `path` cannot be written: its
-// folder is missing or is not a folder, `path` is a folder, or a file cannot
-// be created beside it.  `what` names the option in messages ("OUT.pt").
-void checkWritable(const std::string& path, const std::string& what);
+// Refuses, with ToolError(kUsage), an OUT.pt or --report that names the same
+// file as IN.pt or as each other: the same device and inode for existing
+// paths (symlinks followed, hard links included), the same resolved folder
+// and name for missing ones.  Touches no file.
+void checkDistinctPaths(const Options& opts);
+
+// The path that writing `path` replaces: `path` itself when it is missing
+// or a regular file, or the regular file a symlink leads to, so that the link
+// is kept.  Anything else (a folder, a device, a FIFO, a socket, a dangling
+// symlink) throws ToolError(kWrite).  Writes nothing.  `what` names the
+// option in messages ("OUT.pt").
+std::string writeTarget(const std::string& path, const std::string& what);
+
+// Fails early, with ToolError(kWrite), when `target` (from writeTarget)
+// cannot be written: its folder is missing or is not a folder, or a file
+// cannot be created beside it.
+void checkWritable(const std::string& target, const std::string& what);
 
 // A temporary file beside `target`, renamed over it by commit(); destroyed
 // uncommitted, it is removed.  A reader of `target` sees the old file or the
-// complete new one, never a partial one.  Errors throw ToolError(kWrite).
+// complete new one, never a partial one.  commit() replaces nothing but a
+// regular file.  Errors throw ToolError(kWrite).
 class AtomicFile {
  public:
   AtomicFile(std::string target, std::string what);

@@ -128,11 +128,12 @@ int run(const Options& opts) {
     }
   };
 
-  // Everything that can be checked before the work is checked first.
-  checkWritable(opts.output, "OUT.pt");
-  if (!opts.report_path.empty()) {
-    checkWritable(opts.report_path, "--report");
-  }
+  // Everything that can be checked before the work is checked first, and
+  // the paths before anything is read or written.
+  checkDistinctPaths(opts);
+  const auto output_target = writeTarget(opts.output, "OUT.pt");
+  const auto report_target =
+      opts.report_path.empty() ? std::string() : writeTarget(opts.report_path, "--report");
   CheckSpec spec;
   if (opts.check) {
     spec.device = checkDevice(opts.device);
@@ -147,6 +148,12 @@ int run(const Options& opts) {
     if (opts.atol) {
       spec.tolerance.atol = *opts.atol;
     }
+    checkInputsFitInMemory(spec);
+  }
+  // NB: last, since it creates (and removes) a file in each folder.
+  checkWritable(output_target, "OUT.pt");
+  if (!report_target.empty()) {
+    checkWritable(report_target, "--report");
   }
 
   RunReport report;
@@ -231,13 +238,13 @@ int run(const Options& opts) {
   // Both files are complete before either is renamed into place.
   step("writing " + opts.output);
   t = Clock::now();
-  AtomicFile model_file(opts.output, "OUT.pt");
+  AtomicFile model_file(output_target, "OUT.pt");
   model_file.write(bytes);
   std::optional<AtomicFile> report_file;
   if (!opts.report_path.empty()) {
     report.times.save_s += since(t);
     report.times.total_s = since(start);
-    report_file.emplace(opts.report_path, "--report");
+    report_file.emplace(report_target, "--report");
     report_file->write(formatJson(report));
   }
   model_file.commit();
