@@ -8,7 +8,8 @@
   user's input: exit 2 with one line, never exit 1.
 
 Every refusal is checked to leave the folder exactly as it was: the same
-entries, bytes, inodes and modification times.
+entries, bytes, inodes and modification times (a folder's own mtime aside
+for refusals that come after the writability probe).
 """
 
 import os
