@@ -24,136 +24,114 @@
 // write the statistics.  The eval form never writes them: frozen graphs pool
 // identical constants (a fresh BN's weight may be the running_var constant).
 
-#include <torch/csrc/jit/ir/alias_analysis.h>
 #include <torch/csrc/jit/jit_log.h>
 
-#include "passes/match_filters.h"
+#include "passes/chain_matcher.h"
 #include "torchfuse/passes.h"
 
 namespace torchfuse::passes {
 namespace {
 
-struct Match {
-  Node* bn;
-  Node* add;
-  Node* div;
-  Node* sigmoid;  // nullptr for silu
-  Node* swish;    // the mul or the silu
-  size_t bn_operand;
-};
-
-// t * sigmoid(t), sigmoid(t) * t or silu(t): returns t's producer's output t
-// and the sigmoid node (nullptr for silu).
-std::optional<std::pair<Value*, Node*>> matchSwish(Node* n) {
+// t * sigmoid(t), sigmoid(t) * t or silu(t): the input index of t in the
+// swish and the sigmoid node (nullptr for silu).
+std::optional<std::pair<size_t, Node*>> matchSwish(Node* n) {
   if (isSilu(n)) {
-    Value* t = n->input(0);
-    if (!hasSingleUse(t, n)) {
-      return std::nullopt;
-    }
-    return std::make_pair(t, static_cast<Node*>(nullptr));
+    return hasSingleUse(n->input(0), n)
+        ? std::make_optional(std::make_pair(size_t{0}, static_cast<Node*>(nullptr)))
+        : std::nullopt;
   }
   if (!isTensorMul(n) || n->input(0) == n->input(1)) {
     return std::nullopt;
   }
   for (size_t j : {0, 1}) {
     Value* t = n->input(j);
-    Value* s = n->input(1 - j);
-    Node* sig = s->node();
-    if (isSigmoid(sig) && sig->input(0) == t && hasSingleUse(s, n) &&
+    Node* sig = n->input(1 - j)->node();
+    if (isSigmoid(sig) && sig->input(0) == t && hasSingleUse(sig->output(), n) &&
         t->uses().size() == 2 && inSameBlock({sig, n})) {
-      return std::make_pair(t, sig);
+      return std::make_pair(j, sig);
     }
   }
   return std::nullopt;
 }
 
-std::optional<Match> matchAt(Node* swish, const AliasDb& db) {
-  auto sw = matchSwish(swish);
+bool isEval(const Chain& c) {
+  return constantBool(c.head()->input(5)) == std::optional<bool>(false);
+}
+
+// The pass's own predicates over a matched bn -> add -> div -> swish.
+bool accept(const Chain& c, const AliasDb& db) {
+  Node* bn = c.nodes[0];
+  Node* add = c.nodes[1];
+  Node* div = c.nodes[2];
+  Value* rm = bn->input(3);
+  Value* rv = bn->input(4);
+  // runningStatsPresent: both running statistics are Tensors.
+  if (!alphaIsOne(add->input(2)) || !divisorIsNonZero(div->input(1)) ||
+      !isNonOptionalTensor(rm) || !isNonOptionalTensor(rv) ||
+      !isOptionalTensorArg(bn->input(1)) || !isOptionalTensorArg(bn->input(2))) {
+    return false;
+  }
+  // NB: the op saves `other` and the BN bias to recompute t in its
+  // backward; the unfused chain saves neither, so it trains even when they
+  // are written after the chain.
+  if (!notWrittenAfter(db, bn, {c.otherOperand(1), bn->input(2)})) {
+    return false;
+  }
+  std::vector<Node*> between = {add, div};
+  between.insert(between.end(), c.extra.begin(), c.extra.end());
+  return isEval(c) || noInterveningAccess(db, bn, c.tail(), {rm, rv}, between);
+}
+
+std::optional<Chain> matchAt(Node* swish, const AliasDb& db) {
+  const auto sw = matchSwish(swish);
   if (!sw) {
     return std::nullopt;
   }
-  auto [t, sigmoid] = *sw;
-  Node* div = t->node();
-  if (!isScalarDivisor(div) || !divisorIsNonZero(div->input(1))) {
-    return std::nullopt;
-  }
-  Value* u = div->input(0);
-  Node* add = u->node();
-  if (!isTensorAdd(add) || !hasSingleUse(u, div) || !alphaIsOne(add->input(2))) {
-    return std::nullopt;
-  }
-  for (size_t i : {0, 1}) {
-    Value* y = add->input(i);
-    Node* bn = y->node();
-    if (!isBatchNorm(bn) || !hasSingleUse(y, add) ||
-        !inSameBlock({bn, add, div, swish}) ||
-        !notInPlaceOnLiveTensor(add, y)) {
+  const std::vector<Link> links = {
+      {[](const Node* n) { return isBatchNorm(n); }, {}},
+      {[](const Node* n) { return isTensorAdd(n); }, {0, 1}},
+      {[](const Node* n) { return isScalarDivisor(n); }, {0}},
+  };
+  for (auto& c : matchChains(swish->input(sw->first)->node(), links)) {
+    if (!inSameBlock({c.head(), swish})) {
       continue;
     }
-    // runningStatsPresent: both running statistics are Tensors.
-    Value* rm = bn->input(3);
-    Value* rv = bn->input(4);
-    if (!isNonOptionalTensor(rm) || !isNonOptionalTensor(rv) ||
-        !isOptionalTensorArg(bn->input(1)) ||
-        !isOptionalTensorArg(bn->input(2))) {
-      continue;
+    c.nodes.push_back(swish);
+    c.operand.push_back(sw->first);
+    if (sw->second != nullptr) {
+      c.extra.push_back(sw->second);
     }
-    Value* other = add->input(1 - i);
-    if (!noInterveningWrites(
-            db, bn, swish,
-            {bn->input(0), bn->input(1), bn->input(2), rm, rv, other})) {
-      continue;
+    if (noInterveningWrites(db, c.head(), swish, c.externalInputs()) &&
+        accept(c, db)) {
+      return c;
     }
-    // NB: the op saves `other` and the BN bias to recompute t in its
-    // backward; the unfused chain saves neither, so it trains even when they
-    // are written after the chain.
-    if (!notWrittenAfter(db, bn, {other, bn->input(2)})) {
-      continue;
-    }
-    const bool eval = constantBool(bn->input(5)) == std::optional<bool>(false);
-    if (!eval && !noInterveningAccess(
-                     db, bn, swish, {rm, rv}, {add, div, sigmoid})) {
-      continue;
-    }
-    return Match{bn, add, div, sigmoid, swish, i};
   }
   return std::nullopt;
 }
 
-bool rewrite(torch::jit::Graph& graph, const Match& m) {
-  Node* bn = m.bn;
-  Value* other = m.add->input(1 - m.bn_operand);
-  Value* divisor = m.div->input(1);
-  const bool eval = constantBool(bn->input(5)) == std::optional<bool>(false);
+bool rewrite(torch::jit::Graph& graph, const Chain& c) {
+  Node* bn = c.nodes[0];
+  Value* other = c.otherOperand(1);
+  Value* divisor = c.nodes[2]->input(1);
   Value* silu = nullptr;
   {
-    torch::jit::WithInsertPoint guard(m.swish);
-    silu = graph.insertConstant(m.sigmoid == nullptr);
+    torch::jit::WithInsertPoint guard(c.tail());
+    silu = graph.insertConstant(c.extra.empty());
   }
-  Node* fused = eval
-      ? replaceWithFusedOp(
-            graph, "torchfuse::custom_batch_norm_add_div_swish_eval",
+  const bool fused = isEval(c)
+      ? replaceChain(
+            graph, c, "torchfuse::custom_batch_norm_add_div_swish_eval",
             {bn->input(0), bn->input(1), bn->input(2), bn->input(3),
-             bn->input(4), bn->input(7), other, divisor, silu},
-            m.swish)
-      : replaceWithFusedOp(
-            graph, "torchfuse::custom_batch_norm_add_div_swish",
+             bn->input(4), bn->input(7), other, divisor, silu})
+      : replaceChain(
+            graph, c, "torchfuse::custom_batch_norm_add_div_swish",
             {bn->input(0), bn->input(1), bn->input(2), bn->input(3),
              bn->input(4), bn->input(5), bn->input(6), bn->input(7), other,
-             divisor, silu},
-            m.swish);
-  if (fused == nullptr) {
+             divisor, silu});
+  if (!fused) {
     silu->node()->destroy();
-    return false;
   }
-  m.swish->destroy();
-  if (m.sigmoid != nullptr) {
-    m.sigmoid->destroy();
-  }
-  m.div->destroy();
-  m.add->destroy();
-  bn->destroy();
-  return true;
+  return fused;
 }
 
 } // namespace

@@ -13,74 +13,34 @@
 // (add.Scalar), `other.add_(r)`, and chains whose intermediates have other
 // uses.
 
-#include <torch/csrc/jit/ir/alias_analysis.h>
 #include <torch/csrc/jit/jit_log.h>
 
-#include "passes/match_filters.h"
+#include "passes/chain_matcher.h"
 #include "torchfuse/passes.h"
 
 namespace torchfuse::passes {
-namespace {
-
-struct Match {
-  Node* conv;
-  Node* relu;
-  Node* add;
-  size_t relu_operand;
-};
-
-std::optional<Match> matchAt(Node* add, const AliasDb& db) {
-  if (!isTensorAdd(add)) {
-    return std::nullopt;
-  }
-  for (size_t i : {0, 1}) {
-    Value* r = add->input(i);
-    Node* relu = r->node();
-    if (!isRelu(relu) || !hasSingleUse(r, add)) {
-      continue;
-    }
-    Value* c = relu->input(0);
-    Node* conv = c->node();
-    if (!isIntListConv(conv) || !hasSingleUse(c, relu) ||
-        !inSameBlock({conv, relu, add}) || !notInPlaceOnLiveTensor(relu, c)) {
-      continue;
-    }
-    if (i == 1 && !alphaIsOne(add->input(2))) {
-      continue;
-    }
-    if (!notInPlaceOnLiveTensor(add, r)) {
-      continue;
-    }
-    if (!noInterveningWrites(
-            db, conv, add,
-            {conv->input(0), conv->input(1), conv->input(2),
-             add->input(1 - i)})) {
-      continue;
-    }
-    return Match{conv, relu, add, i};
-  }
-  return std::nullopt;
-}
-
-bool rewrite(torch::jit::Graph& graph, const Match& m) {
-  std::vector<Value*> inputs(m.conv->inputs().begin(), m.conv->inputs().end());
-  inputs.push_back(m.add->input(1 - m.relu_operand));
-  inputs.push_back(m.add->input(2));
-  Node* fused = replaceWithFusedOp(
-      graph, "torchfuse::custom_conv_relu_add", inputs, m.add);
-  if (fused == nullptr) {
-    return false;
-  }
-  m.add->destroy();
-  m.relu->destroy();
-  m.conv->destroy();
-  return true;
-}
-
-} // namespace
 
 int64_t FuseConvReluAdd(std::shared_ptr<torch::jit::Graph>& graph) {
-  const int64_t fused = fuseAll(graph, matchAt, rewrite);
+  // conv -> relu -> add (either operand)
+  const std::vector<Link> links = {
+      {[](const Node* n) { return isIntListConv(n); }, {}},
+      {[](const Node* n) { return isRelu(n); }, {0}},
+      {[](const Node* n) { return isTensorAdd(n); }, {0, 1}},
+  };
+  const int64_t fused = fuseChains(
+      graph, links, "torchfuse::custom_conv_relu_add",
+      [](const Chain& c, const AliasDb&) {
+        // NB: alpha scales add's second operand: the relu output may sit
+        // there only when alpha == 1.
+        return c.operand[2] == 0 || alphaIsOne(c.nodes[2]->input(2));
+      },
+      [](const Chain& c) {
+        Node* conv = c.nodes[0];
+        std::vector<Value*> inputs(conv->inputs().begin(), conv->inputs().end());
+        inputs.push_back(c.otherOperand(2));
+        inputs.push_back(c.nodes[2]->input(2));
+        return inputs;
+      });
   GRAPH_DUMP("After FuseConvReluAdd", graph);
   return fused;
 }

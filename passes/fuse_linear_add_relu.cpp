@@ -10,79 +10,33 @@
 // tensor), `other + alpha * lin` with alpha != 1, and any chain whose
 // intermediate has another use (returned intermediates included).
 
-#include <torch/csrc/jit/ir/alias_analysis.h>
 #include <torch/csrc/jit/jit_log.h>
 
-#include "passes/match_filters.h"
+#include "passes/chain_matcher.h"
 #include "torchfuse/passes.h"
 
 namespace torchfuse::passes {
-namespace {
-
-struct Match {
-  Node* linear;
-  Node* add;
-  Node* relu;
-  size_t linear_operand;  // 0: linear output is add's self; 1: its other
-};
-
-std::optional<Match> matchAt(Node* relu, const AliasDb& db) {
-  if (!isRelu(relu)) {
-    return std::nullopt;
-  }
-  Value* sum = relu->input(0);
-  Node* add = sum->node();
-  if (!isTensorAdd(add) || !hasSingleUse(sum, relu) ||
-      !notInPlaceOnLiveTensor(relu, sum)) {
-    return std::nullopt;
-  }
-  for (size_t i : {0, 1}) {
-    Value* lin = add->input(i);
-    Node* linear = lin->node();
-    if (!isLinear(linear) || !hasSingleUse(lin, add) ||
-        !inSameBlock({linear, add, relu})) {
-      continue;
-    }
-    // NB: alpha scales add's second operand; with the linear output there,
-    // the op (which scales `other`) computes something else unless alpha == 1.
-    if (i == 1 && !alphaIsOne(add->input(2))) {
-      continue;
-    }
-    // NB: add_ is accepted only when it writes the linear output itself.
-    if (!notInPlaceOnLiveTensor(add, lin)) {
-      continue;
-    }
-    if (!noInterveningWrites(
-            db, linear, relu,
-            {linear->input(0), linear->input(1), linear->input(2),
-             add->input(1 - i)})) {
-      continue;
-    }
-    return Match{linear, add, relu, i};
-  }
-  return std::nullopt;
-}
-
-bool rewrite(torch::jit::Graph& graph, const Match& m) {
-  Value* other = m.add->input(1 - m.linear_operand);
-  Node* fused = replaceWithFusedOp(
-      graph, "torchfuse::custom_linear_add_relu",
-      {m.linear->input(0), m.linear->input(1), m.linear->input(2), other,
-       m.add->input(2)},
-      m.relu);
-  if (fused == nullptr) {
-    return false;
-  }
-  m.relu->destroy();
-  m.add->destroy();
-  m.linear->destroy();
-  return true;
-}
-
-} // namespace
 
 int64_t FuseLinearAddRelu(std::shared_ptr<torch::jit::Graph>& graph) {
-  const int64_t fused = fuseAll(graph, matchAt, rewrite);
+  // linear -> add (either operand) -> relu
+  const std::vector<Link> links = {
+      {[](const Node* n) { return isLinear(n); }, {}},
+      {[](const Node* n) { return isTensorAdd(n); }, {0, 1}},
+      {[](const Node* n) { return isRelu(n); }, {0}},
+  };
+  const int64_t fused = fuseChains(
+      graph, links, "torchfuse::custom_linear_add_relu",
+      [](const Chain& c, const AliasDb&) {
+        // NB: alpha scales add's second operand; with the linear output
+        // there, the op (which scales `other`) computes something else
+        // unless alpha == 1.
+        return c.operand[1] == 0 || alphaIsOne(c.nodes[1]->input(2));
+      },
+      [](const Chain& c) -> std::vector<Value*> {
+        Node* linear = c.nodes[0];
+        return {linear->input(0), linear->input(1), linear->input(2),
+                c.otherOperand(1), c.nodes[1]->input(2)};
+      });
   GRAPH_DUMP("After FuseLinearAddRelu", graph);
   return fused;
 }

@@ -8,6 +8,8 @@
 #include <torch/csrc/jit/api/module.h>
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,26 +21,31 @@ struct OptimizeOptions {
   // Freeze for inference first (the module must be in eval mode); BatchNorm
   // is kept for our fusion rather than folded into the preceding layer.
   bool freeze = false;
-  // Names from kPassNames to run, in the pipeline's own order; empty = all.
+  // Names from passNames() to run, in the pipeline's own order; empty = all.
   std::vector<std::string> passes;
   // With freeze: attributes and methods (e.g. @torch.jit.export ones) that
   // freezing keeps, as torch.jit.freeze's preserved_attrs.
   std::vector<std::string> preserved_attrs;
 };
 
-// "linear_add_relu", "conv_relu_add", "batch_norm_add_div_swish", "relu".
+// The names of fusions(), in pipeline order.
 TORCHFUSE_API const std::vector<std::string>& passNames();
 
 struct FusionReport {
-  int64_t linear_add_relu = 0;
-  int64_t conv_relu_add = 0;
-  int64_t batch_norm_add_div_swish = 0;
-  int64_t relu = 0;
+  // Chains fused, per pass name; every name of fusions() is present.
+  std::map<std::string, int64_t> fused;
   // Nodes of forward, blocks included: after inlining (before the fusions)
-  // and at the end.  report() sets both to the current count.
+  // and at the end.
   int64_t nodes_before = 0;
   int64_t nodes_after = 0;
 };
+
+// Runs Canonicalize and then the fusions named in `passes` (empty: all) in
+// the registry's order on `graph`, in place.  The graph should be inlined
+// and constant-propagated.  Throws c10::Error for an unknown pass name.
+TORCHFUSE_API FusionReport fuseGraph(
+    std::shared_ptr<torch::jit::Graph>& graph,
+    const std::vector<std::string>& passes = {});
 
 // Returns a new module.  Throws c10::Error for an unknown pass name or (with
 // freeze) a module in training mode.
@@ -47,7 +54,9 @@ TORCHFUSE_API torch::jit::Module optimize(
     const OptimizeOptions& options = {},
     FusionReport* report = nullptr);
 
-// Counts the torchfuse ops in a module's forward graph (blocks included).
-TORCHFUSE_API FusionReport report(const torch::jit::Module& module);
+// Counts, per pass name, the ops each fusion inserted that a module's
+// forward graph holds (blocks included).
+TORCHFUSE_API std::map<std::string, int64_t> report(
+    const torch::jit::Module& module);
 
 } // namespace torchfuse

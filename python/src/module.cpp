@@ -12,7 +12,7 @@
 
 #include "torchfuse/ops.h"
 #include "torchfuse/optimize.h"
-#include "torchfuse/passes.h"
+#include "torchfuse/registry.h"
 
 namespace py = pybind11;
 
@@ -27,23 +27,11 @@ std::string opsLibraryPath() {
   return info.dli_fname;
 }
 
-int64_t countNodes(torch::jit::Block* block) {
-  int64_t n = 0;
-  for (auto* node : block->nodes()) {
-    ++n;
-    for (auto* b : node->blocks()) {
-      n += countNodes(b);
-    }
-  }
-  return n;
-}
-
 py::dict reportToDict(const torchfuse::FusionReport& r) {
   py::dict d;
-  d["linear_add_relu"] = r.linear_add_relu;
-  d["conv_relu_add"] = r.conv_relu_add;
-  d["batch_norm_add_div_swish"] = r.batch_norm_add_div_swish;
-  d["relu"] = r.relu;
+  for (const auto& [name, count] : r.fused) {
+    d[py::str(name)] = count;
+  }
   d["nodes_before"] = r.nodes_before;
   d["nodes_after"] = r.nodes_after;
   return d;
@@ -65,15 +53,16 @@ py::tuple optimizeModule(
   return py::make_tuple(result, reportToDict(report));
 }
 
-py::dict fuseGraph(std::shared_ptr<torch::jit::Graph> graph) {
-  torchfuse::FusionReport r;
-  r.nodes_before = countNodes(graph->block());
-  r.conv_relu_add = torchfuse::passes::FuseConvReluAdd(graph);
-  r.linear_add_relu = torchfuse::passes::FuseLinearAddRelu(graph);
-  r.batch_norm_add_div_swish = torchfuse::passes::FuseBatchNormAddDivSwish(graph);
-  r.relu = torchfuse::passes::ReplaceRelu(graph);
-  r.nodes_after = countNodes(graph->block());
-  return reportToDict(r);
+py::list fusionsList() {
+  py::list l;
+  for (const auto& f : torchfuse::fusions()) {
+    py::dict d;
+    d["name"] = f.name;
+    d["chain"] = f.chain;
+    d["ops"] = f.ops;
+    l.append(d);
+  }
+  return l;
 }
 
 } // namespace
@@ -89,11 +78,14 @@ PYBIND11_MODULE(_C, m) {
   m.def("optimize", &optimizeModule, py::arg("module"), py::arg("freeze") = false,
         py::arg("passes") = std::vector<std::string>{},
         "optimize(torch._C.ScriptModule, freeze, passes) -> (ScriptModule, dict)");
-  m.def("fuse_graph", &fuseGraph, py::arg("graph"),
-        "Runs the fusions and ReplaceRelu on a torch._C.Graph in place");
-  m.def("report",
-        [](const torch::jit::Module& module) {
-          return reportToDict(torchfuse::report(module));
+  m.def("fusions", &fusionsList,
+        "The fusion registry in pipeline order: [{name, chain, ops}]");
+  m.def("fuse_graph",
+        [](std::shared_ptr<torch::jit::Graph> graph,
+           const std::vector<std::string>& passes) {
+          return reportToDict(torchfuse::fuseGraph(graph, passes));
         },
-        py::arg("module"));
+        py::arg("graph"), py::arg("passes") = std::vector<std::string>{},
+        "Runs Canonicalize and the fusions on a torch._C.Graph in place");
+  m.def("report", &torchfuse::report, py::arg("module"));
 }

@@ -49,8 +49,14 @@ def library_path() -> str:
 
 
 def pass_names() -> list:
-    """Names accepted by ``optimize(..., passes=[...])``."""
+    """Names accepted by ``optimize(..., passes=[...])``, in pipeline order."""
     return list(_C.pass_names())
+
+
+def fusions() -> list:
+    """The fusion registry, in pipeline order: one dict per fusion with its
+    pass ``name``, the ``chain`` it matches and the ``ops`` it inserts."""
+    return list(_C.fusions())
 
 
 def _script_module_c(module, what: str):
@@ -84,19 +90,22 @@ def optimize(
     return torch.jit._recursive.wrap_cpp_module(result)
 
 
-def fuse_graph(graph: torch._C.Graph) -> Dict[str, int]:
-    """Runs the fusions and the relu replacement on ``graph`` in place and
-    returns how many chains each fused.  The graph should be inlined and
+def fuse_graph(graph: torch._C.Graph, passes: Optional[Iterable[str]] = None) -> Dict[str, int]:
+    """Runs the pipeline's graph stage on ``graph`` in place: the
+    canonicalization, then the fusions (``passes``, default all) in the
+    registry's order.  Returns how many chains each fused, with
+    ``nodes_before`` and ``nodes_after``.  The graph should be inlined and
     constant-propagated, and must not have been executed yet."""
     if not isinstance(graph, torch._C.Graph):
         raise TypeError(
             f"torchfuse.fuse_graph: expected a torch._C.Graph, got {type(graph).__name__}"
         )
-    return dict(_C.fuse_graph(graph))
+    return dict(_C.fuse_graph(graph, list(passes) if passes is not None else []))
 
 
 def report(module) -> Dict[str, int]:
-    """Counts the torchfuse ops in ``module.forward`` (sub-blocks included)."""
+    """Counts, per pass name, the torchfuse ops in ``module.forward``
+    (sub-blocks included)."""
     return dict(_C.report(_script_module_c(module, "report")))
 
 
@@ -106,5 +115,6 @@ __all__ = [
     "fuse_graph",
     "report",
     "pass_names",
+    "fusions",
     "__version__",
 ]

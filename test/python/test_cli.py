@@ -349,7 +349,7 @@ BAD_INPUTS = [
     ("missing-value", lambda t, s: [s, t / "out.pt", "--passes"], EXIT_USAGE,
      r"--passes needs a value"),
     ("unknown-pass", lambda t, s: [s, t / "out.pt", "--passes=linear_add_relu,fuse_all"],
-     EXIT_USAGE, r"unknown pass 'fuse_all' in --passes; known passes: linear_add_relu, "),
+     EXIT_USAGE, r"unknown pass 'fuse_all' in --passes; known passes: conv_relu_add, linear_add_relu, "),
     ("check-without-shape", lambda t, s: [s, t / "out.pt", "--check"], EXIT_USAGE,
      r"--check needs --input-shape"),
     ("shape-without-check", lambda t, s: [s, t / "out.pt", "--input-shape", "1x16"], EXIT_USAGE,

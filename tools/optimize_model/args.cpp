@@ -249,6 +249,31 @@ Options parseArgs(const std::vector<std::string>& args) {
   return opts;
 }
 
+namespace {
+
+// The pass names, comma-separated, wrapped to `width` columns with
+// continuation lines indented by `indent` (the help's second column).
+std::string wrapNames(size_t indent, size_t width) {
+  std::string text;
+  size_t column = indent + std::string("default: all of ").size();
+  const auto& names = torchfuse::passNames();
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string item = names[i] + (i + 1 < names.size() ? "," : "");
+    if (i > 0 && column + 1 + item.size() > width) {
+      text += "\n" + std::string(indent, ' ');
+      column = indent;
+    } else if (i > 0) {
+      text += " ";
+      ++column;
+    }
+    text += item;
+    column += item.size();
+  }
+  return text;
+}
+
+} // namespace
+
 std::string helpText() {
   // NB: docs/cli.md repeats this text verbatim; change both together.
   return R"(usage: optimize-model IN.pt OUT.pt [options]
@@ -267,8 +292,7 @@ options:
                         been saved in eval mode); constants are folded and the
                         eval-mode batch-norm fusion applies
   --passes=a,b,...      run only these passes (in the pipeline's own order);
-                        default: all of linear_add_relu, conv_relu_add,
-                        batch_norm_add_div_swish, relu
+                        default: all of )" + wrapNames(24, 78) + R"(
   --check               run the original and the optimized model on the same
                         random inputs, print the max absolute and relative
                         error and the time of each, and fail (exit 5, nothing

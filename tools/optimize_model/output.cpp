@@ -366,13 +366,9 @@ std::string formatText(const RunReport& r) {
   std::ostringstream o;
   o << "optimize-model: " << r.input << " -> " << r.output << (r.freeze ? " (frozen)" : "") << "\n";
   o << "  fused chains:\n";
-  const std::pair<const char*, int64_t> kinds[] = {
-      {"linear_add_relu", r.fusion.linear_add_relu},
-      {"conv_relu_add", r.fusion.conv_relu_add},
-      {"batch_norm_add_div_swish", r.fusion.batch_norm_add_div_swish},
-      {"relu", r.fusion.relu},
-  };
-  for (const auto& [name, count] : kinds) {
+  for (const auto& name : torchfuse::passNames()) {
+    const auto found = r.fusion.fused.find(name);
+    const int64_t count = found == r.fusion.fused.end() ? 0 : found->second;
     const bool ran = r.passes.empty() ||
         std::find(r.passes.begin(), r.passes.end(), name) != r.passes.end();
     o << "    " << std::left << std::setw(26) << name << std::right;
@@ -417,12 +413,15 @@ std::string formatJson(const RunReport& r) {
     o << (i ? ", " : "") << jsonString(passes[i]);
   }
   o << "],\n";
-  o << "  \"fused\": {\n"
-    << "    \"linear_add_relu\": " << r.fusion.linear_add_relu << ",\n"
-    << "    \"conv_relu_add\": " << r.fusion.conv_relu_add << ",\n"
-    << "    \"batch_norm_add_div_swish\": " << r.fusion.batch_norm_add_div_swish << ",\n"
-    << "    \"relu\": " << r.fusion.relu << "\n"
-    << "  },\n";
+  o << "  \"fused\": {\n";
+  const auto& names = torchfuse::passNames();
+  for (size_t i = 0; i < names.size(); ++i) {
+    const auto found = r.fusion.fused.find(names[i]);
+    o << "    " << jsonString(names[i]) << ": "
+      << (found == r.fusion.fused.end() ? 0 : found->second)
+      << (i + 1 < names.size() ? ",\n" : "\n");
+  }
+  o << "  },\n";
   o << "  \"nodes_before\": " << r.fusion.nodes_before << ",\n";
   o << "  \"nodes_after\": " << r.fusion.nodes_after << ",\n";
   o << "  \"time_s\": {\"load\": " << jsonNumber(r.times.load_s)

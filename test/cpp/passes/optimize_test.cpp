@@ -1,6 +1,7 @@
 #include "test/cpp/passes/pass_test_utils.h"
 #include "torchfuse/optimize.h"
 #include "torchfuse/passes.h"
+#include "torchfuse/registry.h"
 
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/frontend/resolver.h>
@@ -32,15 +33,17 @@ TEST(Optimize, ReturnsANewModuleAndLeavesTheInputUnchanged) {
   const auto before = m.get_method("forward").graph()->toString();
   FusionReport report;
   auto out = optimize(m, {}, &report);
-  EXPECT_EQ(report.linear_add_relu, 1);
-  EXPECT_EQ(report.relu, 1);
+  EXPECT_EQ(report.fused.at("linear_add_relu"), 1);
+  EXPECT_EQ(report.fused.at("relu"), 1);
+  EXPECT_EQ(report.fused.at("conv_relu_add"), 0);
+  EXPECT_EQ(report.fused.size(), torchfuse::fusions().size());
   EXPECT_EQ(m.get_method("forward").graph()->toString(), before);
   FileCheck().check("torchfuse::custom_linear_add_relu")->check("torchfuse::custom_relu")
       ->run(*out.get_method("forward").graph());
   auto counted = torchfuse::report(out);
-  EXPECT_EQ(counted.linear_add_relu, 1);
-  EXPECT_EQ(counted.relu, 1);
-  EXPECT_EQ(torchfuse::report(m).linear_add_relu, 0);
+  EXPECT_EQ(counted.at("linear_add_relu"), 1);
+  EXPECT_EQ(counted.at("relu"), 1);
+  EXPECT_EQ(torchfuse::report(m).at("linear_add_relu"), 0);
 
   auto x = torch::randn({2, 4}), r = torch::randn({2, 3});
   auto want = m.forward({x, r}).toTuple();

@@ -1,0 +1,34 @@
+// The one table of fusions.  NB: the order is the pipeline's: the chain
+// fusions first (the conv chain before linear, so neither takes the other's
+// relu), ReplaceRelu last, so it only takes relus no chain claimed.
+
+#include "torchfuse/registry.h"
+
+#include "torchfuse/passes.h"
+
+namespace torchfuse {
+
+const std::vector<Fusion>& fusions() {
+  static const std::vector<Fusion> table = {
+      {"conv_relu_add",
+       "conv{1,2,3}d → relu → add",
+       {"torchfuse::custom_conv_relu_add"},
+       &passes::FuseConvReluAdd},
+      {"linear_add_relu",
+       "linear → add → relu",
+       {"torchfuse::custom_linear_add_relu"},
+       &passes::FuseLinearAddRelu},
+      {"batch_norm_add_div_swish",
+       "batch_norm → add → div → x*sigmoid(x)",
+       {"torchfuse::custom_batch_norm_add_div_swish",
+        "torchfuse::custom_batch_norm_add_div_swish_eval"},
+       &passes::FuseBatchNormAddDivSwish},
+      {"relu",
+       "a standalone relu",
+       {"torchfuse::custom_relu"},
+       &passes::ReplaceRelu},
+  };
+  return table;
+}
+
+} // namespace torchfuse
