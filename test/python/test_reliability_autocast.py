@@ -383,6 +383,64 @@ def test_float64_model_is_left_alone_by_autocast():
     torch.testing.assert_close(out_b, out_a, rtol=0, atol=0)
 
 
+# ---- autocast scopes inside the scripted code ------------------------------------
+# NB: there only TorchScript's autocast pass casts (entering the scope in
+# scripted code leaves the thread's autocast state alone), and nothing tells
+# the fused ops: the passes leave such graphs' blocks unfused.
+
+
+class ScopeAroundChain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(8, 6)
+        self.fc2 = nn.Linear(8, 6)
+
+    def forward(self, x):
+        with torch.autocast("cpu", torch.bfloat16):
+            y = torch.relu(self.fc1(x) + self.fc2(x))
+        return y
+
+
+class ScopeAroundTheLinear(ScopeAroundChain):
+    def forward(self, x):
+        with torch.autocast("cpu", torch.bfloat16):
+            y = self.fc1(x)
+        return torch.relu(y + self.fc2(x))
+
+
+class ScopeInABranch(ScopeAroundChain):
+    def forward(self, x, flag: bool):
+        if flag:
+            with torch.autocast("cpu", torch.bfloat16):
+                x = torch.tanh(x @ x.t() @ x).float()
+        return torch.relu(self.fc1(x) + self.fc2(x))
+
+
+@pytest.mark.parametrize("cls", [ScopeAroundChain, ScopeAroundTheLinear])
+def test_chains_under_a_scripted_autocast_scope_stay_unfused(cls):
+    torch.manual_seed(0)
+    model = cls()
+    ref = torch.jit.script(_fresh_copy(model))
+    opt = torchfuse.optimize(torch.jit.script(_fresh_copy(model)))
+    FileCheck().check_not("torchfuse::custom_linear_add_relu").run(opt.graph)
+    for _ in range(3):
+        x = torch.randn(5, 8)
+        out_a, out_b = ref(x), opt(x)
+        assert out_b.dtype == out_a.dtype
+        torch.testing.assert_close(out_b, out_a, rtol=0, atol=0)
+
+
+def test_a_scripted_autocast_scope_in_a_branch_leaves_the_rest_fused():
+    torch.manual_seed(0)
+    model = ScopeInABranch()
+    ref = torch.jit.script(_fresh_copy(model))
+    opt = torchfuse.optimize(torch.jit.script(_fresh_copy(model)))
+    FileCheck().check("torchfuse::custom_linear_add_relu").run(opt.graph)
+    for flag in [True, False, True]:
+        x = torch.randn(5, 8)
+        torch.testing.assert_close(opt(x, flag), ref(x, flag), rtol=0, atol=0)
+
+
 # ---- CUDA -----------------------------------------------------------------------
 
 
