@@ -249,7 +249,7 @@ def _no_worse(actual, original, ref, dtype):
     )
 
 
-def _check(name, device, dtype, freeze, mode=contextlib.nullcontext, runs=3):
+def _check(name, device, dtype, freeze, mode=contextlib.nullcontext, runs=3, backward_in_autocast=True):
     """The optimized module against the original, both run `runs` times under
     autocast (`mode` entered around each call): outputs, gradients of inputs
     and parameters, running statistics.
@@ -279,8 +279,14 @@ def _check(name, device, dtype, freeze, mode=contextlib.nullcontext, runs=3):
             if freeze:
                 continue
             g = torch.randn_like(out64)
-            (out_a * g.to(out_a.dtype)).sum().backward()
-            (out_b * g.to(out_b.dtype)).sum().backward()
+            loss_a = (out_a * g.to(out_a.dtype)).sum()
+            loss_b = (out_b * g.to(out_b.dtype)).sum()
+            if backward_in_autocast:
+                loss_a.backward()
+                loss_b.backward()
+        if not backward_in_autocast:
+            loss_a.backward()
+            loss_b.backward()
         (out64 * g).sum().backward()
         for a, b, r in zip(ins[0], ins[1], ins64):
             _no_worse(b.grad, a.grad, r.grad, dtype)
@@ -311,6 +317,11 @@ def _jit_autocast_off():
 @pytest.mark.parametrize("name", MODELS)
 def test_training_matches_the_original_under_cpu_autocast(name, dtype):
     _check(name, "cpu", dtype, freeze=False)
+
+
+@pytest.mark.parametrize("name", ["linear", "linear_after_linear", "conv2d", "bn_mul", "bn_silu"])
+def test_backward_outside_autocast_matches_the_original(name):
+    _check(name, "cpu", torch.bfloat16, freeze=False, backward_in_autocast=False)
 
 
 @pytest.mark.parametrize("dtype", LOWP, ids=["bf16", "fp16"])
