@@ -157,6 +157,25 @@ bool inSameBlock(std::initializer_list<const Node*> nodes) {
   return true;
 }
 
+bool outsideScriptedAutocast(const Node* n) {
+  for (const Block* b = n->owningBlock(); b != nullptr;
+       b = b->owningNode() ? b->owningNode()->owningBlock() : nullptr) {
+    for (const Node* m : b->nodes()) {
+      if (m->kind() != torch::jit::prim::Enter) {
+        continue;
+      }
+      const auto cls = m->input(0)->type()->cast<c10::ClassType>();
+      // NB: torch.autocast, torch.amp.autocast and the cuda/cpu.amp ones
+      // are all classes of some autocast_mode module.
+      if (cls && cls->name() &&
+          cls->name()->qualifiedName().find("autocast") != std::string::npos) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 bool notInPlaceOnLiveTensor(const Node* n, const Value* fresh) {
   const auto* schema = n->maybeSchema();
   if (schema == nullptr) {

@@ -72,6 +72,11 @@ std::optional<bool> constantBool(const Value* v);
 bool hasSingleUse(const Value* v, const Node* user);
 // All nodes sit in one block (a match never spans blocks).
 bool inSameBlock(std::initializer_list<const Node*> nodes);
+// No `with torch.autocast(...)` of the scripted code opens in n's block or in
+// a block enclosing it.  NB: TorchScript's autocast pass casts the ops of
+// such a scope (and nothing tells the fused ops); the check is by block, not
+// by scope, so that a chain straddling the scope's ends stays too.
+bool outsideScriptedAutocast(const Node* n);
 // An in-place chain node writes only a fresh intermediate of the chain:
 // for n = aten::op_(self, ...), self must be `fresh` (the output of the
 // previous chain node) and n must be its only user.  Out-of-place nodes
@@ -147,7 +152,7 @@ int64_t fuseAll(
   {
     AliasDb db(graph);
     forEachNode(graph->block(), [&](Node* n) {
-      if (auto m = matchAt(n, db)) {
+      if (auto m = matchAt(n, db); m && outsideScriptedAutocast(n)) {
         matches.push_back(*m);
       }
     });
