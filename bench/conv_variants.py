@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """custom_conv_relu_add's variants and their pieces on the conv_relu_bias
-workload, in one run (kernels/conv/README.md records the results).
+workload, in one run (docs/kernels/conv_relu_add.md records the results).
 
     python bench/conv_variants.py [--reps 25] [--json OUT.json]
 

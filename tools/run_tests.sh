@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the C++ (ctest) and Python (pytest) suites against a build.
+# Runs the C++ (ctest) and Python (pytest) suites against a build, and (all)
+# the format check of the changed C++/CUDA lines (tools/check_format.sh).
 #   tools/run_tests.sh BUILD_DIR [all|cpp|python]
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -11,6 +12,9 @@ source "$root/env.sh"
 cd "$root"
 
 status=0
+if [ "$which" = all ]; then
+  "$root/tools/check_format.sh" || status=1
+fi
 if [ "$which" = all ] || [ "$which" = cpp ]; then
   if [ -x "$build_dir/bin/torchfuse_tests" ]; then
     echo "== C++ tests (ctest)"

@@ -23,7 +23,8 @@
 
 namespace torchfuse::kernels {
 
-// ---- positions-inner mask, nchw tensors: unstaged streaming passes.
+// ---- positions-inner mask, nchw tensors: unstaged streaming passes
+// (positions_inner.cu).
 
 // From the nchw conv output `conv`, in one pass:
 //   t = conv + bias[c];  out = (t <= 0 ? 0 : t) + alpha * other[c]
@@ -67,7 +68,7 @@ void convReluAddGradProloguePositionsInner(
     cudaStream_t stream);
 
 // ---- channels-inner mask: one warp ballot per word, nchw tensors staged
-// through shared-memory tiles.
+// through shared-memory tiles (channels_inner.cu).
 
 // As convReluAddEpiloguePositionsInner, with the channels-inner mask and
 // `conv`/`out` nchw when nchw, else nhwc.
@@ -105,10 +106,11 @@ void convReluAddGradPrologueChannelsInner(
     int64_t s,
     cudaStream_t stream);
 
-// ---- the channels-last route for nchw inputs, inference only
-// (kernels/conv/README.md, variant E): the convolution runs channels-last;
-// these passes convert around it through shared-memory tiles, with 16-byte
-// accesses on both sides where extents and alignment allow.
+// ---- the channels-last route for nchw inputs (transposes.cu;
+// docs/kernels/conv_relu_add.md): the convolution and its gradients run
+// channels-last; these passes convert around them through shared-memory
+// tiles, with 16-byte accesses on both sides where extents and alignment
+// allow.
 
 // dst[b][j][i] = src[b][i][j] for b < batch, i < rows, j < cols: nchw to
 // nhwc with rows = C and cols = S, nhwc to nchw with rows = S and cols = C.

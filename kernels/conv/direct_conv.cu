@@ -1,5 +1,5 @@
 // custom_conv_relu_add's direct convolution for few channels
-// (kernels/conv/README.md, variant G; the contract is in the header).
+// (docs/kernels/conv_relu_add.md; the contract is in the header).
 //
 // A block takes 256 consecutive output positions of one image, all output
 // channels, a thread one position.  The block first copies the input rows

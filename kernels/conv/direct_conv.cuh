@@ -3,7 +3,7 @@
 // custom_conv_relu_add's direct convolution for few channels (float32): one
 // kernel computes the convolution and the epilogue, where eager's cuDNN
 // convolution plus a separate pass cost more in launches and host overhead
-// than in arithmetic (kernels/conv/README.md, variant G).  Raw pointers
+// than in arithmetic (docs/kernels/conv_relu_add.md).  Raw pointers
 // only; no dispatcher headers.
 
 #include <cuda_runtime_api.h>

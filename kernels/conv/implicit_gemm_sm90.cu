@@ -1,5 +1,5 @@
 // custom_conv_relu_add's implicit-GEMM convolution for sm_90
-// (kernels/conv/README.md, variants F and J; the contract is in the header).
+// (docs/kernels/conv_relu_add.md; the contract is in the header).
 //
 // One CTA per SM loops over tiles of 4 x 64 output positions (2 rows of up
 // to 128 columns, or 4 rows of up to 64) of one image, all k <= 128 output
@@ -21,7 +21,7 @@
 // written out as whole words;
 // the two words at each end of a channel's run may be shared with the
 // neighbouring tile, so those two are ORed into the zeroed global mask.
-// Where x comes nchw (variant J), warps 1..3 of the producer warpgroup
+// Where x comes nchw, warps 1..3 of the producer warpgroup
 // convert it to nhwc ahead of the convolution, and the producer waits for
 // each image's conversion before loading from it.
 
@@ -47,13 +47,13 @@ constexpr int kMaxSmem = 227 * 1024;
 // A tile's bits of one channel: at most 256 positions at any bit offset.
 constexpr int kMaskWords = 9;
 
-// Variant J: boxes of x (32 channels x 32 positions of one image) a
+// x given nchw: boxes of x (32 channels x 32 positions of one image) a
 // converter warp takes per grab, and the images of x the converters may run
 // ahead of the furthest image a producer has reached.
 constexpr int kGrab = 2;
 constexpr int kLookahead = 2;
 
-// x's boxes per image (variant J): 32 positions by 32 channels each.
+// x's boxes per image (x given nchw): 32 positions by 32 channels each.
 __host__ __device__ __forceinline__ int64_t boxesPerImage(const ImplicitGemmConv& g) {
   return (g.h * g.w + 31) / 32 * (g.c / 32);
 }
@@ -638,7 +638,7 @@ int64_t implicitGemmConvWorkspaceWords(const ImplicitGemmConv& g) {
 
 namespace {
 
-// x nchw, converted by the kernel into x (variant J).
+// x nchw, converted by the kernel into x.
 struct NchwSource {
   const float* x;
   uint32_t* workspace;

@@ -2,7 +2,7 @@
 
 // custom_conv_relu_add's implicit-GEMM convolution for sm_90 (Hopper):
 // TF32 tensor-core MMAs (wgmma) fed by TMA, the epilogue fused, the output
-// written NCHW (kernels/conv/README.md, variant F).  Raw pointers only; no
+// written NCHW (docs/kernels/conv_relu_add.md).  Raw pointers only; no
 // dispatcher headers.  Built for sm_90a alone: the caller asks
 // implicitGemmConvTakes() before every launch.
 
@@ -48,7 +48,7 @@ bool implicitGemmConvReluAdd(
 // implicitGemmConvReluAdd with x given nchw [n][c][h][w] (16-byte
 // aligned): the producer warpgroup's idle warps of every CTA convert it into
 // x_nhwc, rounded to TF32, image by image ahead of the convolution, so the
-// conversion costs no pass of its own (kernels/conv/README.md, variant J).
+// conversion costs no pass of its own.
 // They run at most `lookahead` images ahead of the convolution (0: the
 // kernel's own choice).  workspace: implicitGemmConvWorkspaceWords(g)
 // words, zeroed here.  Needs implicitGemmConvConvertsNchw(g).
@@ -73,8 +73,8 @@ bool implicitGemmConvConvertsNchw(const ImplicitGemmConv& g);
 int64_t implicitGemmConvWorkspaceWords(const ImplicitGemmConv& g);
 
 // out = conv alone, nchw, under implicitGemmConvReluAdd's contract: the data
-// gradient of a stride-1 convolution is one (kernels/conv/README.md,
-// variant I).
+// gradient of a stride-1 convolution is one (docs/kernels/conv_relu_add.md,
+// "Training through the implicit-GEMM kernel").
 bool implicitGemmConv(
     const float* x, const float* weight, float* out, const ImplicitGemmConv& g, cudaStream_t stream);
 

@@ -1,8 +1,9 @@
 #pragma once
 
 // Small cuBLASLt helpers: one checking macro, RAII descriptors and a typed
-// setAttribute.  No dispatcher headers (conventions.md §5); errors throw
-// c10::Error through TORCH_CHECK.  CUDA-version guards belong here only.
+// setAttribute.  No dispatcher headers (the rule of kernels/, README.md);
+// errors throw c10::Error through TORCH_CHECK.  CUDA-version guards belong
+// here only.
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>

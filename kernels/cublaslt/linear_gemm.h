@@ -5,7 +5,7 @@
 // handle, workspace and stream (ATen's, in ops/cuda/) and checks shapes.
 //
 // cuBLASLt is column-major: a row-major [R, C] matrix with row stride ld
-// reads as a column-major [C, R] one with the same ld (kernels.md §1.3).
+// reads as a column-major [C, R] one with the same ld.
 //
 //   forward      y[M, N] = x[M, K] · W[N, K]ᵀ (+ bias[N]) (+ beta · c[M, N])
 //                  as D[N, M] = op_T(W)[N, K] · x[K, M] (+ beta · C[N, M]);
@@ -17,7 +17,7 @@
 //                  as D[K, N] = x[K, M] · op_T(g)[M, N]; or, from transposed
 //                  copies xt[K, M] and gt[N, M], as D[K, N] = op_T(xt) · gt,
 //                  where both operands are K-major (TF32 on Hopper is slow
-//                  otherwise: kernels.md §1.2).
+//                  otherwise: wgmma has no transposed TF32 operands).
 //
 // Each returns false, having launched nothing, when cuBLASLt offers no
 // algorithm; the caller then falls back.

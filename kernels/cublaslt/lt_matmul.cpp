@@ -205,7 +205,7 @@ int fastest(
 // Builds the descriptors and picks the algorithm; plan.mutex is held.
 void build(Plan& plan, cublasLtHandle_t handle, const LtMatmulArgs& a, cudaStream_t stream) {
   const cudaDataType_t type = toCudaDataType(a.dtype);
-  // kernels.md §2: TF32 only for float32 and only where the caller allows
+  // As ATen's cuBLASLt path: TF32 only for float32 and only where the caller allows
   // it; 16-bit types accumulate in float32.
   const cublasComputeType_t compute = a.dtype == GemmDtype::kFloat32 && a.allow_tf32
       ? CUBLAS_COMPUTE_32F_FAST_TF32

@@ -3,13 +3,12 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <algorithm>
+#include "kernels/common/launch.cuh"
+#include "kernels/common/vec.cuh"
 
 namespace torchfuse::kernels {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
 // Vectors each thread keeps in flight: enough outstanding bytes to reach copy
 // bandwidth on HBM3/HBM3e without a grid-stride loop.
 constexpr int kUnroll = 4;
@@ -24,17 +23,10 @@ __device__ __forceinline__ bool clamps(double v) {
   return v <= 0.;
 }
 
-// 16-byte vectors: the loads and stores that reach copy bandwidth.
-template <typename T>
-struct alignas(16) Vec {
-  static constexpr int kSize = 16 / sizeof(T);
-  T v[kSize];
-};
-
 // Elements covered by one warp-wide vector access.
 template <typename T>
 constexpr int64_t warpChunk() {
-  return 32 * Vec<T>::kSize;
+  return 32 * Vec16<T>::kSize;
 }
 
 // Forward on whole warp chunks.  Each lane holds kSize consecutive elements,
@@ -46,14 +38,14 @@ __global__ void __launch_bounds__(kThreads) reluChunkKernel(
     T* __restrict__ y,
     uint32_t* __restrict__ mask,
     int64_t chunks) {
-  constexpr int kSize = Vec<T>::kSize;
+  constexpr int kSize = Vec16<T>::kSize;
   constexpr int kLanesPerWord = 32 / kSize;
   const int lane = threadIdx.x & 31;
   const int64_t first =
       (int64_t(blockIdx.x) * kWarps + threadIdx.x / 32) * kUnroll;
-  const auto* xv = reinterpret_cast<const Vec<T>*>(x);
-  auto* yv = reinterpret_cast<Vec<T>*>(y);
-  Vec<T> a[kUnroll];
+  const auto* xv = reinterpret_cast<const Vec16<T>*>(x);
+  auto* yv = reinterpret_cast<Vec16<T>*>(y);
+  Vec16<T> a[kUnroll];
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
     if (first + u < chunks) {
@@ -115,14 +107,14 @@ __global__ void __launch_bounds__(kThreads) reluBackwardChunkKernel(
     const uint32_t* __restrict__ mask,
     T* __restrict__ dx,
     int64_t chunks) {
-  constexpr int kSize = Vec<T>::kSize;
+  constexpr int kSize = Vec16<T>::kSize;
   constexpr uint32_t kBits = (1u << kSize) - 1u;
   const int lane = threadIdx.x & 31;
   const int64_t first =
       (int64_t(blockIdx.x) * kWarps + threadIdx.x / 32) * kUnroll;
-  const auto* dyv = reinterpret_cast<const Vec<T>*>(dy);
-  auto* dxv = reinterpret_cast<Vec<T>*>(dx);
-  Vec<T> g[kUnroll];
+  const auto* dyv = reinterpret_cast<const Vec16<T>*>(dy);
+  auto* dxv = reinterpret_cast<Vec16<T>*>(dx);
+  Vec16<T> g[kUnroll];
   uint32_t bits[kUnroll];
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) {
@@ -156,10 +148,6 @@ __global__ void reluBackwardTailKernel(
   if (i < n) {
     dx[i] = ((mask[i >> 5] >> (i & 31)) & 1u) ? dy[i] : T(0.f);
   }
-}
-
-bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 }
 
 int64_t chunkBlocks(int64_t chunks) {

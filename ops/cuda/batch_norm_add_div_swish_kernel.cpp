@@ -19,7 +19,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include "kernels/elementwise/batch_norm_add_div_swish.cuh"
+#include "kernels/batch_norm/batch_norm_add_div_swish.cuh"
 #include "ops/batch_norm_add_div_swish.h"
 #include "ops/cuda/cuda_types.h"
 

@@ -54,14 +54,14 @@ struct BnShape {
 struct BnAffine {
   BnChannelRef weight;
   BnChannelRef bias;
-  BnChannelRef other;  // s_c: one value (stride 0) or one per channel
+  BnChannelRef other; // s_c: one value (stride 0) or one per channel
   double divisor = 1.0;
 };
 
 // Gradients of the per-channel parameters; data == nullptr means not wanted.
 struct BnParamGrads {
-  BnChannelMut weight;  // sum g_bn * xhat per channel
-  BnChannelMut bias;    // sum g_bn per channel
+  BnChannelMut weight; // sum g_bn * xhat per channel
+  BnChannelMut bias;   // sum g_bn per channel
   // sum_to_size(g_bn, other.shape): per channel as bias when affine.other
   // has a non-zero stride, else one value, the sum over all channels.
   BnChannelMut other;
