@@ -52,10 +52,12 @@ py::dict reportToDict(const torchfuse::FusionReport& r) {
 py::tuple optimizeModule(
     const torch::jit::Module& module,
     bool freeze,
-    const std::vector<std::string>& passes) {
+    const std::vector<std::string>& passes,
+    const std::vector<std::string>& preserved_attrs) {
   torchfuse::OptimizeOptions options;
   options.freeze = freeze;
   options.passes = passes;
+  options.preserved_attrs = preserved_attrs;
   torchfuse::FusionReport report;
   torch::jit::Module result;
   {
@@ -88,7 +90,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("pass_names", &torchfuse::passNames);
   m.def("optimize", &optimizeModule, py::arg("module"), py::arg("freeze") = false,
         py::arg("passes") = std::vector<std::string>{},
-        "optimize(torch._C.ScriptModule, freeze, passes) -> (ScriptModule, dict)");
+        py::arg("preserved_attrs") = std::vector<std::string>{},
+        "optimize(torch._C.ScriptModule, freeze, passes, preserved_attrs) -> "
+        "(ScriptModule, dict)");
   m.def("fuse_graph", &fuseGraph, py::arg("graph"),
         "Runs the fusions and ReplaceRelu on a torch._C.Graph in place");
   m.def("report",
