@@ -10,6 +10,7 @@ import ctypes
 import gc
 import io
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -222,6 +223,58 @@ def test_repeated_optimize_does_not_accumulate_memory(freeze):
     growth = _allocated_bytes() - before
     # The bug grows by ~calls copies; allow 3 for allocator noise.
     assert growth < 3 * param_bytes, f"{growth / param_bytes:.1f} parameter copies after {calls} calls"
+
+
+_CLASS_OF_A_DELETED_INPUT = r"""
+import gc, io, torch, torchfuse, torch.nn as nn
+
+@torch.jit.script
+class Acc:
+    def __init__(self, t: torch.Tensor):
+        self.t = t
+
+    def add(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.t + x)
+
+class M(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return Acc(self.fc(x)).add(x)
+
+buf = io.BytesIO()
+torch.jit.save(torch.jit.script(M()), buf)
+x = torch.randn(2, 4)
+for freeze in (False, True):
+    buf.seek(0)
+    loaded = torch.jit.load(buf)  # the class lives in this module's compilation unit
+    if freeze:
+        loaded.eval()
+    want = loaded(x)
+    opt = torchfuse.optimize(loaded, freeze=freeze)
+    assert "prim::CreateObject" in str(opt.graph)
+    del loaded
+    gc.collect()
+    torch.testing.assert_close(opt(x), want)
+    saved = io.BytesIO()
+    torch.jit.save(opt, saved)
+    saved.seek(0)
+    torch.testing.assert_close(torch.jit.load(saved)(x), want)
+print("ok")
+"""
+
+
+def test_result_outlives_the_input_whose_classes_it_uses(tmp_path):
+    """The result's types live in a compilation unit of their own, which
+    keeps the input's alive: a graph that creates an object of the input's
+    TorchScript class must run and save after the input is gone (a crash
+    otherwise, hence the fresh process)."""
+    script = tmp_path / "outlives.py"  # torch.jit.script needs the source in a file
+    script.write_text(_CLASS_OF_A_DELETED_INPUT)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
 # ---- preserved_attrs ---------------------------------------------------------------
