@@ -1,6 +1,6 @@
 // The module-level pipeline (docs/passes.md):
-//   clone -> inline free functions, guard loop-carried aliases -> Inline
-//   -> guard again
+//   clone (new types, shared tensors) -> inline free functions, guard
+//   loop-carried aliases -> Inline (forward, preserved methods) -> guard again
 //   -> [freeze_module] -> ConstantPropagation -> fuseGraph (Canonicalize,
 //   then the registry's fusions in order, ReplaceRelu last)
 //   -> EliminateDeadCode -> guards to their persistent form -> lint
@@ -17,6 +17,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <unordered_map>
 #include <vector>
 
 #include "passes/loop_alias_guards.h"
@@ -47,20 +48,106 @@ std::shared_ptr<torch::jit::Graph> forwardGraph(const torch::jit::Module& module
   return method->graph();
 }
 
-// NB: Module::clone() copies parameters with Tensor::clone(), which records
-// CloneBackward: the copies would be non-leaf tensors whose .grad stays
-// empty and which optimizers cannot update.  Make them leaves again, keeping
-// the fresh storage (the caller's parameters stay untouched).
-void makeParametersLeaves(torch::jit::Module& module) {
-  for (const auto& sub : module.modules()) {
-    auto m = sub;
-    for (const auto& p : sub.named_parameters(/*recurse=*/false)) {
-      if (p.value.grad_fn() != nullptr) {
-        const bool requires_grad = p.value.requires_grad();
-        m.register_parameter(
-            p.name, p.value.detach().requires_grad_(requires_grad), false);
-      }
+// NB: the result's class types and methods live in a compilation unit of
+// their own.  Module::clone() registers them in the input's, which for
+// scripted modules is Python's global one: every optimize call would leave
+// its method graphs there for good, and a frozen forward holds the
+// parameters as constants (one parameter copy leaked per call).  Graphs may
+// still name the input's non-module classes, whose methods that unit owns
+// through raw pointers, so the new unit keeps it alive.
+std::shared_ptr<torch::jit::CompilationUnit> resultCompilationUnit(
+    const torch::jit::Module& module) {
+  return std::shared_ptr<torch::jit::CompilationUnit>(
+      new torch::jit::CompilationUnit(),
+      [source = module._ivalue()->compilation_unit()](torch::jit::CompilationUnit* cu) {
+        delete cu;  // before `source`, which its graphs may reference
+      });
+}
+
+// Module::clone(/*inplace=*/true) into `cu`: new class types (shared ones
+// stay shared) with copies of their methods and constants, and the same
+// attribute values: parameters and buffers are the input's tensors, so tied
+// weights and shared buffers stay shared, and an optimizer built on the
+// input's parameters trains the result.
+torch::jit::Module cloneSharingState(
+    const torch::jit::Module& module,
+    const std::shared_ptr<torch::jit::CompilationUnit>& cu,
+    std::unordered_map<c10::TypePtr, c10::TypePtr>& type_remap) {
+  const auto type = module.type();
+  const auto known = type_remap.find(type);
+  const bool type_cloned = known != type_remap.end();
+  torch::jit::Module result = type_cloned
+      ? torch::jit::Module(cu, known->second->expect<c10::ClassType>())
+      : torch::jit::Module(*type->name(), cu, /*shouldMangle=*/true);
+  if (!type_cloned) {
+    type_remap[type] = result.type();
+  }
+  for (size_t i = 0; i < type->numAttributes(); ++i) {
+    const auto& name = type->getAttributeName(i);
+    const auto& attr_type = type->getAttribute(i);
+    const auto value = module._ivalue()->getSlot(i);
+    if (attr_type->is_module()) {
+      // As clone_impl: an interface-typed attribute keeps its type.
+      const auto sub = cloneSharingState(value.toModule(), cu, type_remap);
+      result.type()->addOrCheckAttribute(
+          name, attr_type->cast<c10::ClassType>() ? sub.type() : attr_type);
+      result._ivalue()->setAttr(name, sub._ivalue());
+    } else {
+      result.register_attribute(
+          name, attr_type, value, type->is_parameter(i), type->is_buffer(i));
     }
+  }
+  if (type_cloned) {
+    return result;
+  }
+  for (size_t i = 0; i < type->numConstants(); ++i) {
+    result.type()->addConstant(type->getConstantName(i), type->getConstant(i));
+  }
+  const auto remap = [&](c10::TypePtr in) {
+    const auto it = type_remap.find(in);
+    return it == type_remap.end() ? in : it->second;
+  };
+  for (auto* fn : type->methods()) {
+    auto graph = torch::jit::toGraphFunction(*fn).graph()->copy();
+    graph->remapTypes(remap);
+    auto* copied = cu->create_function(
+        c10::QualifiedName(*result.type()->name(), fn->name()), graph);
+    result.type()->addMethod(copied);
+    copied->setSchema(fn->getSchema().cloneWithRemappedTypes(remap));
+  }
+  // As clone_impl: custom class members are set up by the class itself.
+  if (auto setstate = result.find_method("__setstate__")) {
+    auto getstate = result.find_method("__getstate__");
+    TORCH_INTERNAL_ASSERT(getstate, "a module with __setstate__ has no __getstate__");
+    (*setstate)({(*getstate)({})});
+  }
+  return result;
+}
+
+// The submodule that owns `path`'s last component ("sub.fc.weight" ->
+// sub.fc), checking that it names an attribute or a method, as
+// freeze_module's preserved attributes may.
+torch::jit::Module preservedOwner(
+    const torch::jit::Module& module, const std::string& path) {
+  torch::jit::Module owner = module;
+  std::string where = "the module";
+  std::string::size_type start = 0;
+  while (true) {
+    const auto dot = path.find('.', start);
+    const auto name = path.substr(start, dot == std::string::npos ? dot : dot - start);
+    const bool last = dot == std::string::npos;
+    const bool found = !name.empty() &&
+        (last ? owner.hasattr(name) || owner.find_method(name).has_value()
+              : owner.hasattr(name) && owner.attr(name).isModule());
+    TORCH_CHECK(
+        found, "torchfuse::optimize: preserved_attrs names '", path, "', but ", where,
+        " has no ", last ? "attribute or method" : "submodule", " '", name, "'");
+    if (last) {
+      return owner;
+    }
+    owner = owner.attr(name).toModule();
+    where = "submodule '" + path.substr(0, dot) + "'";
+    start = dot + 1;
   }
 }
 
@@ -121,16 +208,25 @@ torch::jit::Module optimize(
   // this guard.
   torch::jit::GraphOptimizerEnabledGuard optimizer_enabled(true);
 
-  // NB: the clone gives the result its own class type, method graphs and
-  // tensors: the caller's module, and other instances sharing its type, keep
-  // theirs.  freeze_module (not torch::jit::freeze) keeps BatchNorm nodes:
-  // the frozen graph optimizations would fold them into a preceding layer.
+  // NB: a frozen module (our result included) has no training attribute,
+  // for which is_training() answers true; it can only be in eval mode.
   TORCH_CHECK(
-      !options.freeze || !module.is_training(),
+      !options.freeze || !(module.hasattr("training") && module.is_training()),
       "torchfuse::optimize: freeze=True needs a module in eval mode; call "
       ".eval() first");
-  torch::jit::Module result = module.clone();
-  makeParametersLeaves(result);
+  for (const auto& path : options.preserved_attrs) {
+    preservedOwner(module, path);
+  }
+
+  // NB: the clone gives the result its own class types and method graphs,
+  // and shares the attribute values: the caller's module, and other
+  // instances sharing its type, keep their methods; tensors stay shared, as
+  // with torch.compile.  freeze_module (not torch::jit::freeze) keeps
+  // BatchNorm nodes: the frozen graph optimizations would fold them into a
+  // preceding layer.
+  std::unordered_map<c10::TypePtr, c10::TypePtr> type_remap;
+  torch::jit::Module result =
+      cloneSharingState(module, resultCompilationUnit(module), type_remap);
   // NB: guard the loops before any torch pass sees a producer that inlining
   // shows to be fresh: Inline inserts each callee's optimized graph, whose
   // preoptimization already runs DCE, and freeze_module runs more.  Calls
@@ -141,14 +237,28 @@ torch::jit::Module optimize(
     passes::inlineSharedFunctions(f.graph()->block());
     passes::guardLoopCarriedAliases(f.graph());
   });
-  torch::jit::Inline(*forwardGraph(result));
-  passes::removeLoopCarriedAliasGuards(forwardGraph(result));
-  passes::guardLoopCarriedAliases(forwardGraph(result));
+  // freeze_module inlines the methods it keeps as well as forward.
+  std::vector<std::shared_ptr<torch::jit::Graph>> inlined = {forwardGraph(result)};
+  if (options.freeze) {
+    for (const auto& path : options.preserved_attrs) {
+      const auto name = path.substr(path.rfind('.') + 1);
+      if (auto method = preservedOwner(result, path).find_method(name)) {
+        if (std::find(inlined.begin(), inlined.end(), method->graph()) == inlined.end()) {
+          inlined.push_back(method->graph());
+        }
+      }
+    }
+  }
+  for (const auto& g : inlined) {
+    torch::jit::Inline(*g);
+    passes::removeLoopCarriedAliasGuards(g);
+    passes::guardLoopCarriedAliases(g);
+  }
   if (options.freeze) {
     // NB: freeze_module clones in place: attributes the forward writes (a
     // buffer's add_, a training-mode BN's statistics) stay attributes that
-    // share their tensors with its argument, so freeze our own copy.
-    result = torch::jit::freeze_module(result);
+    // share their tensors with the input, as the other attributes do.
+    result = torch::jit::freeze_module(result, options.preserved_attrs);
   }
 
   auto graph = forwardGraph(result);

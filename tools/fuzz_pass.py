@@ -892,7 +892,9 @@ def _script_and_optimize(model, freeze: bool, what: str, outcome: Outcome):
     except Exception as e:  # noqa: BLE001
         raise Invalid(f"script: {type(e).__name__}: {str(e).splitlines()[0]}")
     try:
-        opt = torchfuse.optimize(ref, freeze=freeze)
+        # NB: the result shares its parameters and buffers with its input:
+        # optimize a copy, so that ref and opt each step their own state.
+        opt = torchfuse.optimize(_copy(ref), freeze=freeze)
     except Exception as e:  # noqa: BLE001
         outcome.failures.append(f"{what}: optimize raised: {str(e).splitlines()[0]}")
         return ref, None

@@ -2,8 +2,11 @@
 
 // The module-level entry point: clone (or freeze), inline, propagate
 // constants, canonicalize, run the fusions and ReplaceRelu, eliminate dead
-// code.  The caller's module, and other instances sharing its compiled type,
-// are never modified.
+// code.  The caller's module's methods, and other instances sharing its
+// compiled type, are never modified.  The result shares the caller's
+// parameters and buffers (the same tensors, as torch.compile does): tied
+// weights stay tied, an optimizer built on the caller's parameters trains
+// the result, and training the result updates the caller's tensors.
 
 #include <torch/csrc/jit/api/module.h>
 
@@ -18,13 +21,16 @@
 namespace torchfuse {
 
 struct OptimizeOptions {
-  // Freeze for inference first (the module must be in eval mode); BatchNorm
-  // is kept for our fusion rather than folded into the preceding layer.
+  // Freeze for inference first (the module must be in eval mode, or frozen
+  // already); BatchNorm is kept for our fusion rather than folded into the
+  // preceding layer.
   bool freeze = false;
   // Names from passNames() to run, in the pipeline's own order; empty = all.
   std::vector<std::string> passes;
   // With freeze: attributes and methods (e.g. @torch.jit.export ones) that
-  // freezing keeps, as torch.jit.freeze's preserved_attrs.
+  // freezing keeps, as torch.jit.freeze's preserved_attrs; "sub.name" names
+  // a submodule's.  Without freeze everything is kept.  Each name must
+  // exist, with or without freeze.
   std::vector<std::string> preserved_attrs;
 };
 
@@ -47,8 +53,9 @@ TORCHFUSE_API FusionReport fuseGraph(
     std::shared_ptr<torch::jit::Graph>& graph,
     const std::vector<std::string>& passes = {});
 
-// Returns a new module.  Throws c10::Error for an unknown pass name or (with
-// freeze) a module in training mode.
+// Returns a new module.  Throws c10::Error for an unknown pass name, a
+// preserved_attrs name the module lacks, or (with freeze) a module in
+// training mode.
 TORCHFUSE_API torch::jit::Module optimize(
     const torch::jit::Module& module,
     const OptimizeOptions& options = {},

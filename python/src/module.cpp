@@ -40,10 +40,12 @@ py::dict reportToDict(const torchfuse::FusionReport& r) {
 py::tuple optimizeModule(
     const torch::jit::Module& module,
     bool freeze,
-    const std::vector<std::string>& passes) {
+    const std::vector<std::string>& passes,
+    const std::vector<std::string>& preserved_attrs) {
   torchfuse::OptimizeOptions options;
   options.freeze = freeze;
   options.passes = passes;
+  options.preserved_attrs = preserved_attrs;
   torchfuse::FusionReport report;
   torch::jit::Module result;
   {
@@ -77,7 +79,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("pass_names", &torchfuse::passNames);
   m.def("optimize", &optimizeModule, py::arg("module"), py::arg("freeze") = false,
         py::arg("passes") = std::vector<std::string>{},
-        "optimize(torch._C.ScriptModule, freeze, passes) -> (ScriptModule, dict)");
+        py::arg("preserved_attrs") = std::vector<std::string>{},
+        "optimize(torch._C.ScriptModule, freeze, passes, preserved_attrs) -> "
+        "(ScriptModule, dict)");
   m.def("fusions", &fusionsList,
         "The fusion registry in pipeline order: [{name, chain, ops}]");
   m.def("fuse_graph",

@@ -71,22 +71,59 @@ def _script_module_c(module, what: str):
     )
 
 
+def _names(value, argument: str, what: str) -> list:
+    # NB: a bare string is iterable too: passes="relu" would run the passes
+    # "r", "e", "l", "u".
+    if value is None:
+        return []
+    if isinstance(value, (str, bytes)):
+        hint = f"; write {argument}=[{value!r}]" if isinstance(value, str) else ""
+        raise TypeError(
+            f"torchfuse.optimize: expected {argument} to be a list of {what}, "
+            f"got the {type(value).__name__} {value!r}{hint}"
+        )
+    try:
+        names = list(value)
+    except TypeError:
+        raise TypeError(
+            f"torchfuse.optimize: expected {argument} to be a list of {what}, "
+            f"got {type(value).__name__}"
+        ) from None
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(
+                f"torchfuse.optimize: expected {argument} to be a list of {what}, "
+                f"got an element of type {type(name).__name__}: {name!r}"
+            )
+    return names
+
+
 def optimize(
     module,
     *,
     freeze: bool = False,
     passes: Optional[Iterable[str]] = None,
+    preserved_attrs: Optional[Iterable[str]] = None,
 ) -> torch.jit.ScriptModule:
     """Returns a new module whose ``forward`` uses the torchfuse ops.
 
-    The input module, and other instances of its class, are left unchanged.
-    With ``freeze=True`` the module (in eval mode) is frozen first, keeping
-    BatchNorm nodes rather than folding them into a preceding layer.
+    The input module's methods, and other instances of its class, are left
+    unchanged.  The result shares the input's parameters and buffers (the
+    same tensors, as ``torch.compile`` does): tied weights stay tied, an
+    optimizer built on the input's parameters trains the result, and
+    training the result updates the input's tensors.
+
+    With ``freeze=True`` the module (in eval mode, or frozen already) is
+    frozen first, keeping BatchNorm nodes rather than folding them into a
+    preceding layer; ``preserved_attrs`` names the attributes and methods
+    (e.g. ``@torch.jit.export`` ones; ``"sub.name"`` for a submodule's)
+    that freezing keeps, as in ``torch.jit.freeze``.
     ``passes`` selects among :func:`pass_names` (default: all).
     """
     c = _script_module_c(module, "optimize")
-    names = list(passes) if passes is not None else []
-    result, _ = _C.optimize(c, freeze, names)
+    names = _names(passes, "passes", "pass names")
+    preserved = _names(preserved_attrs, "preserved_attrs", "names")
+    result, _ = _C.optimize(c, freeze, names, preserved)
     return torch.jit._recursive.wrap_cpp_module(result)
 
 

@@ -175,6 +175,17 @@ Options parseArgs(const std::vector<std::string>& args) {
           opts.passes.push_back(pass);
         }
       }
+    } else if (name == "--preserve-attr") {
+      const auto list = value();
+      for (const auto& attr : split(list, ',')) {
+        if (attr.empty()) {
+          usageError("--preserve-attr '" + list + "' has an empty name");
+        }
+        if (std::find(opts.preserved_attrs.begin(), opts.preserved_attrs.end(), attr) ==
+            opts.preserved_attrs.end()) {
+          opts.preserved_attrs.push_back(attr);
+        }
+      }
     } else if (name == "--check") {
       flag();
       opts.check = true;
@@ -240,6 +251,9 @@ Options parseArgs(const std::vector<std::string>& args) {
   if (opts.input.empty() || opts.output.empty()) {
     usageError("IN.pt and OUT.pt must not be empty");
   }
+  if (!opts.freeze && !opts.preserved_attrs.empty()) {
+    usageError("--preserve-attr is only used with --freeze");
+  }
   if (opts.check && opts.input_shapes.empty()) {
     usageError("--check needs --input-shape");
   }
@@ -291,6 +305,10 @@ options:
   --freeze              freeze the model for inference first (it must have
                         been saved in eval mode); constants are folded and the
                         eval-mode batch-norm fusion applies
+    --preserve-attr=NAME
+                        keep this attribute or method (e.g. an
+                        @torch.jit.export one; sub.name for a submodule's)
+                        through freezing; repeat it or give a comma list
   --passes=a,b,...      run only these passes (in the pipeline's own order);
                         default: all of )" + wrapNames(24, 78) + R"(
   --check               run the original and the optimized model on the same

@@ -51,6 +51,7 @@ struct Options {
   std::string output;
   bool freeze = false;
   std::vector<std::string> passes;  // empty: all
+  std::vector<std::string> preserved_attrs;  // --preserve-attr, with --freeze
   bool check = false;
   std::vector<Shape> input_shapes;
   std::string input_shape_spec;     // as given, for messages

@@ -170,7 +170,8 @@ int run(const Options& opts) {
   }
   report.times.load_s = since(t);
 
-  if (opts.freeze && module.is_training()) {
+  // NB: a frozen model has no training attribute (is_training() says true).
+  if (opts.freeze && module.hasattr("training") && module.is_training()) {
     throw ToolError(
         kOptimize, "--freeze needs a model saved in eval mode, but '" + opts.input +
             "' is in training mode (call model.eval() before saving it, or drop --freeze)");
@@ -183,6 +184,7 @@ int run(const Options& opts) {
     torchfuse::OptimizeOptions options;
     options.freeze = opts.freeze;
     options.passes = opts.passes;
+    options.preserved_attrs = opts.preserved_attrs;
     optimized = torchfuse::optimize(module, options, &report.fusion);
   } catch (const std::exception& e) {
     throw ToolError(kOptimize, "cannot optimize '" + opts.input + "': " + errorLine(e));

@@ -1,4 +1,5 @@
 #include "test/cpp/passes/pass_test_utils.h"
+#include "test/cpp/util/op_test_utils.h"
 #include "torchfuse/optimize.h"
 #include "torchfuse/passes.h"
 #include "torchfuse/registry.h"
@@ -182,6 +183,159 @@ TEST(Optimize, KeepsWritesToLoopCarriedTensorsThroughSaveAndLoad) {
   torch::jit::GraphOptimizerEnabledGuard plain(false);
   auto got = loaded.forward({x, b, 2}).toTuple();
   passes::testing::expectClose(got->elements()[1].toTensor(), (torch::relu(x * 2.0) + b) * 3.0);
+}
+
+// a and b (two class types) share the weight w and the buffer count, which
+// their forwards write.
+torch::jit::Module tiedModule(const at::Tensor& w, const at::Tensor& count) {
+  torch::jit::Module m("m");
+  m.register_attribute("training", c10::BoolType::get(), true);
+  for (const char* name : {"a", "b"}) {
+    torch::jit::Module sub(name);
+    sub.register_attribute("training", c10::BoolType::get(), true);
+    sub.register_parameter("w", w, false);
+    sub.register_buffer("count", count);
+    sub.define(R"JIT(
+      def forward(self, x):
+          self.count.add_(1.0)
+          return torch.relu(torch.linear(x, self.w) + x)
+    )JIT");
+    m.register_module(name, sub);
+  }
+  m.define(R"JIT(
+    def forward(self, x):
+        return self.b.forward(self.a.forward(x)) + self.a.count
+  )JIT");
+  return m;
+}
+
+TEST(Optimize, SharesParametersAndBuffersWithTheInput) {
+  for (const bool freeze : {false, true}) {
+    const auto w = torch::randn({4, 4}, torch::kDouble).requires_grad_();
+    const auto count = torch::zeros({4}, torch::kDouble);
+    auto m = tiedModule(w, count);
+    if (freeze) {
+      m.eval();
+    }
+    const auto before = m.get_method("forward").graph()->toString();
+    FusionReport report;
+    auto out = optimize(m, OptimizeOptions{freeze, {}}, &report);
+    EXPECT_EQ(report.linear_add_relu, 2);
+    EXPECT_EQ(m.get_method("forward").graph()->toString(), before);
+    EXPECT_TRUE(out.attr("a").toModule().attr("count").toTensor().is_same(count));
+    if (freeze) {
+      // The fused ops read constants that are w's storage, not copies.
+      int fused = 0;
+      for (auto* n : out.get_method("forward").graph()->nodes()) {
+        if (n->kind() == c10::Symbol::fromQualString("torchfuse::custom_linear_add_relu")) {
+          const auto weight = torch::jit::toIValue(n->input(1));
+          ASSERT_TRUE(weight.has_value() && weight->isTensor());
+          EXPECT_EQ(weight->toTensor().data_ptr(), w.data_ptr());
+          ++fused;
+        }
+      }
+      EXPECT_EQ(fused, 2);
+    } else {
+      for (const char* name : {"a", "b"}) {
+        const auto sub = out.attr(name).toModule();
+        EXPECT_TRUE(sub.attr("w").toTensor().is_same(w)) << name;
+        EXPECT_TRUE(sub.attr("count").toTensor().is_same(count)) << name;
+      }
+      EXPECT_EQ(out.parameters().size(), 2);  // one tensor, registered twice
+    }
+    const auto x = torch::randn({2, 4}, torch::kDouble);
+    torch::NoGradGuard no_grad;
+    const auto h = torch::relu(torch::linear(x, w) + x);
+    const auto want = torch::relu(torch::linear(h, w) + h) + 2.0;
+    passes::testing::expectClose(out.forward({x}).toTensor(), want);
+    // Both forwards wrote the input's buffer.
+    passes::testing::expectClose(count, torch::full({4}, 2.0, torch::kDouble));
+  }
+}
+
+// Module::clone() put the result's types and methods into the input's
+// compilation unit (Python's global one for scripted modules), where they
+// stayed after the result was gone, a frozen forward with its constants.
+TEST(Optimize, ResultTypesLiveAndDieWithTheResult) {
+  for (const bool freeze : {false, true}) {
+    auto m = linearModule();
+    if (freeze) {
+      m.eval();
+    }
+    std::weak_ptr<torch::jit::CompilationUnit> unit;
+    {
+      auto out = optimize(m, OptimizeOptions{freeze, {}});
+      unit = out._ivalue()->compilation_unit();
+      EXPECT_NE(unit.lock(), m._ivalue()->compilation_unit());
+    }
+    EXPECT_TRUE(unit.expired()) << "freeze=" << freeze;
+  }
+}
+
+torch::jit::Module exportedModule() {
+  auto m = linearModule();
+  m.register_attribute("scale", c10::FloatType::get(), 2.0);
+  m.define(R"JIT(
+    def embed(self, x):
+        return torch.relu(torch.linear(x, self.w, self.b)) * self.scale
+  )JIT");
+  m.eval();
+  return m;
+}
+
+TEST(Optimize, PreservedAttrsSurviveFreezing) {
+  auto m = exportedModule();
+  auto plain = optimize(m, OptimizeOptions{true, {}});
+  EXPECT_FALSE(plain.find_method("embed").has_value());
+  EXPECT_FALSE(plain.hasattr("scale"));
+  auto out = optimize(m, OptimizeOptions{true, {}, {"embed", "scale"}});
+  ASSERT_TRUE(out.find_method("embed").has_value());
+  ASSERT_TRUE(out.hasattr("scale"));
+  const auto x = torch::randn({2, 4});
+  passes::testing::expectClose(
+      out.get_method("embed")({x}).toTensor(), m.get_method("embed")({x}).toTensor());
+  out.setattr("scale", -3.0);
+  m.setattr("scale", -3.0);
+  passes::testing::expectClose(
+      out.get_method("embed")({x}).toTensor(), m.get_method("embed")({x}).toTensor());
+}
+
+TEST(Optimize, PreservedAttrsMustExist) {
+  for (const bool freeze : {false, true}) {
+    test::expectThrowsWith(
+        [&] { optimize(exportedModule(), OptimizeOptions{freeze, {}, {"embed", "nope"}}); },
+        "preserved_attrs names 'nope', but the module has no attribute or method 'nope'");
+  }
+  auto m = linearModule();
+  m.register_module("sub", linearModule());
+  m.eval();
+  test::expectThrowsWith(
+      [&] { optimize(m, OptimizeOptions{true, {}, {"sub.nope"}}); },
+      "preserved_attrs names 'sub.nope', but submodule 'sub' has no attribute or method 'nope'");
+  test::expectThrowsWith(
+      [&] { optimize(m, OptimizeOptions{true, {}, {"w.x"}}); },
+      "preserved_attrs names 'w.x', but the module has no submodule 'w'");
+  auto out = optimize(m, OptimizeOptions{true, {}, {"sub.w"}});
+  EXPECT_TRUE(out.attr("sub").toModule().attr("w").toTensor().is_same(
+      m.attr("sub").toModule().attr("w").toTensor()));
+}
+
+// A frozen module has no training attribute, for which is_training() says
+// true: "freeze=True needs a module in eval mode".
+TEST(Optimize, FreezesAFrozenResultAgain) {
+  auto m = linearModule();
+  m.eval();
+  auto once = optimize(m, OptimizeOptions{true, {}});
+  ASSERT_FALSE(once.hasattr("training"));
+  FusionReport report;
+  auto twice = optimize(once, OptimizeOptions{true, {}}, &report);
+  EXPECT_EQ(torchfuse::report(twice).linear_add_relu, 1);
+  const auto x = torch::randn({2, 4}), r = torch::randn({2, 3});
+  const auto want = m.forward({x, r}).toTuple();
+  const auto got = twice.forward({x, r}).toTuple();
+  for (size_t i = 0; i < 2; ++i) {
+    passes::testing::expectClose(got->elements()[i].toTensor(), want->elements()[i].toTensor());
+  }
 }
 
 TEST(Canonicalize, FunctionalizesInPlaceOpsOnFreshTensorsOnly) {
