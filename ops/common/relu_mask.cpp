@@ -4,9 +4,12 @@
 #include <ATen/Dispatch_v2.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
+#include <c10/util/accumulate.h>
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
+#include <type_traits>
 #include <vector>
 
 namespace torchfuse::ops {
