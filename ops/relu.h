@@ -6,8 +6,20 @@
 
 namespace torchfuse::ops {
 
+// True when custom_relu's own kernels take `input`: a defined, strided, not
+// quantized tensor of float32, float64, float16 or bfloat16.  Never throws.
+bool reluHandles(const at::Tensor& input);
+
+// The original chain, aten::relu: what every entry point runs for inputs
+// that reluHandles refuses (ATen's own errors, results and autograd).
+at::Tensor reluReference(const at::Tensor& input);
+
+// The mask checks of custom_relu_backward, shared by its CPU, CUDA and Meta
+// kernels: a 1-D uint8 mask of reluMaskBytes(grad_output.numel()) bytes on
+// grad_output's device.
+void checkReluBackwardMask(const at::Tensor& grad_output, const at::Tensor& mask);
+
 // Reference kernels: ATen compositions that run on any device.
-at::Tensor reluComposite(const at::Tensor& input);
 std::tuple<at::Tensor, at::Tensor> reluForwardMaskComposite(
     const at::Tensor& input);
 at::Tensor reluBackwardComposite(

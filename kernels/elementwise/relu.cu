@@ -150,6 +150,45 @@ __global__ void reluBackwardTailKernel(
   }
 }
 
+// The offset, under `strides`, of logical index i.
+__device__ __forceinline__ int64_t stridedOffset(
+    int64_t i, const ReluStrides& s, const int64_t* strides) {
+  int64_t offset = 0;
+  for (int d = s.ndim - 1; d >= 0; --d) {
+    const int64_t size = s.sizes[d];
+    offset += (i % size) * strides[d];
+    i /= size;
+  }
+  return offset;
+}
+
+// One thread per logical index; a warp covers one mask word (kThreads is a
+// multiple of 32, and every thread of the warp takes part in the ballot).
+template <typename T>
+__global__ void __launch_bounds__(kThreads) reluMaskStridedKernel(
+    const T* __restrict__ y, ReluStrides s, uint32_t* __restrict__ mask, int64_t n) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  const bool keep = i < n && !clamps(y[stridedOffset(i, s, s.a)]);
+  const uint32_t bits = __ballot_sync(0xffffffffu, keep);
+  if ((threadIdx.x & 31) == 0 && i < n) {
+    mask[i / 32] = bits;
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) reluBackwardStridedKernel(
+    const T* __restrict__ dy,
+    const uint32_t* __restrict__ mask,
+    T* __restrict__ dx,
+    ReluStrides s,
+    int64_t n) {
+  const int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (i < n) {
+    const bool keep = (mask[i >> 5] >> (i & 31)) & 1u;
+    dx[stridedOffset(i, s, s.b)] = keep ? dy[stridedOffset(i, s, s.a)] : T(0.f);
+  }
+}
+
 int64_t chunkBlocks(int64_t chunks) {
   return (chunks + kWarps * kUnroll - 1) / (kWarps * kUnroll);
 }
@@ -196,9 +235,38 @@ void reluBackward(const T* dy, const uint32_t* mask, T* dx, int64_t n, cudaStrea
   }
 }
 
-#define TORCHFUSE_INSTANTIATE_RELU(T)                                           \
-  template void reluForward<T>(const T*, T*, uint32_t*, int64_t, cudaStream_t); \
-  template void reluBackward<T>(const T*, const uint32_t*, T*, int64_t, cudaStream_t);
+template <typename T>
+void reluMaskStrided(
+    const T* y, const ReluStrides& s, uint32_t* mask, int64_t n, cudaStream_t stream) {
+  if (n == 0) {
+    return;
+  }
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  reluMaskStridedKernel<T><<<blocks, kThreads, 0, stream>>>(y, s, mask, n);
+}
+
+template <typename T>
+void reluBackwardStrided(
+    const T* dy,
+    const uint32_t* mask,
+    T* dx,
+    const ReluStrides& s,
+    int64_t n,
+    cudaStream_t stream) {
+  if (n == 0) {
+    return;
+  }
+  const int64_t blocks = (n + kThreads - 1) / kThreads;
+  reluBackwardStridedKernel<T><<<blocks, kThreads, 0, stream>>>(dy, mask, dx, s, n);
+}
+
+#define TORCHFUSE_INSTANTIATE_RELU(T)                                                        \
+  template void reluForward<T>(const T*, T*, uint32_t*, int64_t, cudaStream_t);              \
+  template void reluBackward<T>(const T*, const uint32_t*, T*, int64_t, cudaStream_t);       \
+  template void reluMaskStrided<T>(const T*, const ReluStrides&, uint32_t*, int64_t,         \
+                                   cudaStream_t);                                            \
+  template void reluBackwardStrided<T>(const T*, const uint32_t*, T*, const ReluStrides&,    \
+                                       int64_t, cudaStream_t);
 TORCHFUSE_INSTANTIATE_RELU(float)
 TORCHFUSE_INSTANTIATE_RELU(double)
 TORCHFUSE_INSTANTIATE_RELU(__half)

@@ -30,4 +30,37 @@ void reluBackward(
     int64_t n,
     cudaStream_t stream);
 
+// Up to kReluMaxDims dims (after ops/cuda/ merges contiguous ones) of a
+// tensor read in logical row-major order: sizes, and the element strides of
+// the tensors a kernel reads and writes.
+constexpr int kReluMaxDims = 10;
+struct ReluStrides {
+  int ndim;
+  int64_t sizes[kReluMaxDims];
+  int64_t a[kReluMaxDims];  // y (mask) or dy (backward)
+  int64_t b[kReluMaxDims];  // dx (backward)
+};
+
+// The mask of !(y <= 0) for y of any strides (s.a): one thread per element
+// in logical order, one warp ballot per mask word; writes ceil(n/32) words
+// and allocates nothing.
+template <typename T>
+void reluMaskStrided(
+    const T* y,
+    const ReluStrides& s,
+    uint32_t* mask,
+    int64_t n,
+    cudaStream_t stream);
+
+// dx[i] = mask bit i ? dy[i] : 0 with i the logical index, dy of strides s.a
+// and dx of strides s.b.
+template <typename T>
+void reluBackwardStrided(
+    const T* dy,
+    const uint32_t* mask,
+    T* dx,
+    const ReluStrides& s,
+    int64_t n,
+    cudaStream_t stream);
+
 } // namespace torchfuse::kernels

@@ -72,6 +72,10 @@ at::Tensor linearAddReluAutograd(
     const std::optional<at::Tensor>& bias,
     const at::Tensor& other,
     const at::Scalar& alpha) {
+  if (!linearAddReluHandles(input, weight, bias, other, alpha)) {
+    // Autograd still on: ATen records its own graph.
+    return linearAddReluReference(input, weight, bias, other, alpha);
+  }
   if (!needsGraph(input, weight, bias, other)) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return custom_linear_add_relu(input, weight, bias, other, alpha);
@@ -89,8 +93,13 @@ linearAddReluBackwardAutograd(
     const at::Tensor& weight,
     const at::Tensor& result,
     std::array<bool, 3> output_mask) {
-  refuseDoubleBackward(
-      "torchfuse::custom_linear_add_relu", grad_output, input, weight, result);
+  // NB: a graph is recorded when the forward's backward runs with
+  // create_graph: the composite's ATen ops then give double backward (the
+  // relu mask, read off `result`, is piecewise constant, as in ATen).  The
+  // plain backward keeps the device kernels.
+  if (needsGraph(grad_output, input, weight, result)) {
+    return linearAddReluBackwardComposite(grad_output, input, weight, result, output_mask);
+  }
   at::AutoDispatchBelowADInplaceOrView guard;
   return linearAddReluBackward(grad_output, input, weight, result, output_mask);
 }

@@ -22,13 +22,40 @@ class ReluFunction : public torch::autograd::Function<ReluFunction> {
     return out;
   }
 
+  // NB: through the dispatcher, so that under create_graph the backward op's
+  // Autograd kernel records its own node (double backward).
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto mask = ctx->get_saved_variables()[0];
     return {reluBackward(grads[0], mask)};
   }
 };
 
+// custom_relu_backward is linear in grad_output, with relu's second
+// derivative 0: its gradient is custom_relu_backward of the incoming
+// gradient with the same mask, so double (and higher) backward keeps the
+// 1-bit mask and the fast kernels.
+class ReluBackwardFunction : public torch::autograd::Function<ReluBackwardFunction> {
+ public:
+  static at::Tensor forward(
+      AutogradContext* ctx,
+      const at::Tensor& grad_output,
+      const at::Tensor& mask) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    ctx->save_for_backward({mask});
+    return reluBackward(grad_output, mask);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto mask = ctx->get_saved_variables()[0];
+    return {reluBackward(grads[0], mask), at::Tensor()};
+  }
+};
+
 at::Tensor reluAutograd(const at::Tensor& input) {
+  if (!reluHandles(input)) {
+    // Autograd still on: ATen records its own graph.
+    return reluReference(input);
+  }
   if (!needsGraph(input)) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return custom_relu(input);
@@ -39,7 +66,9 @@ at::Tensor reluAutograd(const at::Tensor& input) {
 at::Tensor reluBackwardAutograd(
     const at::Tensor& grad_output,
     const at::Tensor& mask) {
-  refuseDoubleBackward("torchfuse::custom_relu", grad_output);
+  if (needsGraph(grad_output)) {
+    return ReluBackwardFunction::apply(grad_output, mask);
+  }
   at::AutoDispatchBelowADInplaceOrView guard;
   return reluBackward(grad_output, mask);
 }

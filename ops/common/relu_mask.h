@@ -15,11 +15,19 @@ namespace torchfuse::ops {
 int64_t reluMaskBytes(int64_t numel);
 c10::SymInt reluMaskBytes(const c10::SymInt& numel);
 
-// keep: a bool tensor of any shape.
-at::Tensor packReluMask(const at::Tensor& keep);
+// The mask of !(t <= 0) for each element of t, any shape and strides: for a
+// relu output that is the keep mask, and for a bool tensor it is t itself.
+// NB: on the CPU a direct pass over t's data; it allocates nothing but the
+// mask.  Elsewhere ATen ops with one byte per element of temporaries.
+at::Tensor packReluMask(const at::Tensor& t);
 
 // The bool tensor of shape `sizes` that packReluMask packed.
 at::Tensor unpackReluMask(const at::Tensor& mask, at::IntArrayRef sizes);
+
+// grad where the mask bit is set, 0 elsewhere (a NaN gradient included, as
+// threshold_backward gives).  NB: on the CPU a direct pass that allocates
+// only the result.
+at::Tensor applyReluMask(const at::Tensor& grad, const at::Tensor& mask);
 
 // !(y <= 0) for a ReLU output y.
 at::Tensor reluKeep(const at::Tensor& y);

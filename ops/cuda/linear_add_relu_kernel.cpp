@@ -13,7 +13,7 @@
 //   - of linear's full shape: as C with beta = alpha.
 // Anything else (other broadcasts, mixed dtypes, a weight or input whose
 // rows are not unit-stride, empty sizes, no cuBLASLt algorithm) runs
-// linearAddReluComposite.  The fallbacks are silent: a TORCH_WARN_ONCE would
+// linearAddReluReference.  The fallbacks are silent: a TORCH_WARN_ONCE would
 // be promoted to an error by the test suite's warning filter, and the
 // composite gives the same results.
 //
@@ -152,7 +152,9 @@ at::Tensor linearAddReluCuda(
     const std::optional<at::Tensor>& bias,
     const at::Tensor& other,
     const at::Scalar& alpha) {
-  checkLinearAddReluInputs(input, weight, bias, other);
+  if (!linearAddReluHandles(input, weight, bias, other, alpha)) {
+    return linearAddReluReference(input, weight, bias, other, alpha);
+  }
   const bool has_bias = bias.has_value() && bias->defined();
   const LinearProblem p(input, weight);
   const int64_t m = p.m, n = p.n, k = p.k;
@@ -165,7 +167,7 @@ at::Tensor linearAddReluCuda(
       // `other` would not reach the output as 0 * other does in eager.
       (fold || (full && alpha.toDouble() != 0.0));
   if (!fast) {
-    return linearAddReluComposite(input, weight, bias, other, alpha);
+    return linearAddReluReference(input, weight, bias, other, alpha);
   }
 
   c10::cuda::CUDAGuard guard(input.device());
@@ -221,7 +223,7 @@ at::Tensor linearAddReluCuda(
   const auto ctx = gemmContext(*p.dtype);
   if (!kernels::linearForward(ctx, f)) {
     // No algorithm for this problem: nothing was launched.
-    return linearAddReluComposite(input, weight, bias, other, alpha);
+    return linearAddReluReference(input, weight, bias, other, alpha);
   }
   // In place: every element is read, then written, by the same thread.
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "custom_linear_add_relu", [&] {

@@ -427,12 +427,18 @@ def test_infinite_grad_where_the_float32_sigmoid_is_one(silu):
     assert torch.equal(nonfinite(got_x.grad), nonfinite(want_x.grad)), (got_x.grad, want_x.grad)
 
 
-def test_double_backward_is_refused():
+def test_double_backward_matches_aten():
     x = signed(3, 4, requires_grad=True)
     w = signed(5, 4, requires_grad=True)
-    out = ops.custom_linear_add_relu(x, w, None, signed(5))
-    with pytest.raises(RuntimeError, match="custom_linear_add_relu: double backward is not supported"):
-        torch.autograd.grad(out.sum(), x, create_graph=True)
+    o = signed(5)
+
+    def second(out):
+        (g,) = torch.autograd.grad(out.sum(), x, create_graph=True)
+        return torch.autograd.grad(g.pow(2).sum(), w)[0]
+
+    torch.testing.assert_close(
+        second(ops.custom_linear_add_relu(x, w, None, o)), second(torch.relu(F.linear(x, w) + o))
+    )
     # the plain backward still works.
-    (g,) = torch.autograd.grad(out.sum(), x)
+    (g,) = torch.autograd.grad(ops.custom_linear_add_relu(x, w, None, o).sum(), x)
     assert g.shape == x.shape

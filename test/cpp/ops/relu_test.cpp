@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <gtest/gtest.h>
+#include <torch/autograd.h>
 
 #include <cmath>
 #include <limits>
@@ -14,7 +15,6 @@
 namespace {
 
 using torchfuse::test::expectClose;
-using torchfuse::test::expectDoubleBackwardRefused;
 using torchfuse::test::expectMatchesReference;
 using torchfuse::test::expectThrowsWith;
 using torchfuse::test::randSigned;
@@ -138,16 +138,33 @@ TEST(Relu, NoGradGivesTheSameOutputWithoutAGraph) {
   expectClose(out, at::relu(x), "no-grad output");
 }
 
-TEST(Relu, RefusesDoubleBackward) {
+// The gradient of the backward with respect to grad_output: relu's mask.
+TEST(Relu, DoubleBackwardMatchesAten) {
   at::manual_seed(5);
   const auto x = randSigned({4, 5}, at::kDouble).set_requires_grad(true);
-  expectDoubleBackwardRefused(torchfuse::custom_relu(x), "torchfuse::custom_relu");
+  const auto g = randSigned({4, 5}, at::kDouble).set_requires_grad(true);
+  const auto second = [&](const at::Tensor& out) {
+    const auto gx = torch::autograd::grad({out}, {x}, {g}, true, true)[0];
+    return torch::autograd::grad({gx.pow(2).sum()}, {g})[0];
+  };
+  expectClose(second(torchfuse::custom_relu(x)), second(at::relu(x)), "d2 / d grad_output");
 }
 
-TEST(Relu, BackwardRejectsAMaskOfTheWrongSize) {
-  expectThrowsWith(
-      [] { backward(at::ones({40}), at::zeros({4}, at::kByte)); },
-      "torchfuse::custom_relu_backward: expected mask to be a uint8 tensor of 8 bytes, got Byte of 4");
+// The CPU and Meta kernels run one check: each rejected mask, on both.
+TEST(Relu, BackwardRejectsTheSameMasksOnCpuAndMeta) {
+  const std::vector<std::pair<at::Tensor, std::string>> cases{
+      {at::zeros({4}, at::kByte), "expected mask to be a 1-D uint8 tensor of 8 bytes, got 1-D Byte of 4"},
+      {at::zeros({2}, at::kInt), "expected mask to be a 1-D uint8 tensor of 8 bytes, got 1-D Int of 2"},
+      {at::zeros({2, 4}, at::kByte), "expected mask to be a 1-D uint8 tensor of 8 bytes, got 2-D Byte of 8"},
+  };
+  for (const auto& device : {at::kCPU, at::kMeta}) {
+    for (const auto& [mask, message] : cases) {
+      SCOPED_TRACE(c10::str(device, " ", message));
+      expectThrowsWith(
+          [&, &mask = mask] { backward(at::ones({40}, at::device(device)), mask.to(device)); },
+          "torchfuse::custom_relu_backward: " + message);
+    }
+  }
 }
 
 } // namespace
