@@ -17,10 +17,12 @@
 
 #include "ops/batch_norm_add_div_swish.h"
 
+#include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/ScalarType.h>
 #include <torch/library.h>
 
+#include "ops/common/autograd_utils.h"
 #include "ops/common/checks.h"
 #include "torchfuse/ops.h"
 
@@ -105,7 +107,23 @@ namespace ops {
 namespace {
 constexpr const char* kOp = "torchfuse::custom_batch_norm_add_div_swish";
 
-void checkChannelVector(
+bool defined(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined();
+}
+
+// weight and bias: C elements, in any shape, as batch_norm takes them.
+void checkAffine(
+    const char* name,
+    const at::Tensor& t,
+    const at::Tensor& input,
+    int64_t channels) {
+  TORCH_CHECK(
+      t.numel() == channels, kOp, ": expected ", name, " to have input.size(1) = ", channels,
+      " elements, got ", t.numel());
+  checkSameDevice(kOp, name, t, input);
+}
+
+void checkRunningStat(
     const char* name,
     const at::Tensor& t,
     const at::Tensor& input,
@@ -116,16 +134,90 @@ void checkChannelVector(
       " to have input.size(1) = ", channels, " elements, got ", t.size(0));
   checkSameDevice(kOp, name, t, input);
 }
+
+bool reducedFloat(at::ScalarType s) {
+  return s == at::kHalf || s == at::kBFloat16;
+}
+
+// The parameters as native batch_norm on the CPU takes them: one dtype,
+// the input's or, for a 16-bit input, float32.  Returns the first one that
+// breaks the rule, with its name, or nullopt.
+struct Param {
+  const char* name;
+  const at::Tensor* tensor;
+};
+std::vector<Param> presentParams(
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& running_mean,
+    const at::Tensor& running_var) {
+  std::vector<Param> params;
+  if (defined(weight)) {
+    params.push_back({"weight", &*weight});
+  }
+  if (defined(bias)) {
+    params.push_back({"bias", &*bias});
+  }
+  params.push_back({"running_mean", &running_mean});
+  params.push_back({"running_var", &running_var});
+  return params;
+}
+
+bool paramDtypesAsBatchNorm(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& running_mean,
+    const at::Tensor& running_var) {
+  const auto params = presentParams(weight, bias, running_mean, running_var);
+  const auto p = params.front().tensor->scalar_type();
+  for (const auto& param : params) {
+    if (param.tensor->scalar_type() != p) {
+      return false;
+    }
+  }
+  return p == input.scalar_type() || (reducedFloat(input.scalar_type()) && p == at::kFloat);
+}
+
+void checkParamDtypes(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& running_mean,
+    const at::Tensor& running_var) {
+  const auto in = input.scalar_type();
+  const bool reduced = reducedFloat(in);
+  const auto params = presentParams(weight, bias, running_mean, running_var);
+  for (const auto& param : params) {
+    const auto p = param.tensor->scalar_type();
+    TORCH_CHECK(
+        p == in || (reduced && p == at::kFloat), kOp, ": expected ", param.name,
+        " to have the input's dtype (", in, reduced ? ") or Float" : ")",
+        ", as batch_norm requires on the CPU, got ", p);
+  }
+  const auto& first = params.front();
+  for (const auto& param : params) {
+    TORCH_CHECK(
+        param.tensor->scalar_type() == first.tensor->scalar_type(), kOp, ": expected ",
+        param.name, " to have the dtype of ", first.name, " (", first.tensor->scalar_type(),
+        "): batch_norm requires one dtype for weight, bias and the running statistics, got ",
+        param.tensor->scalar_type());
+  }
+}
 } // namespace
 
+// NB: each check stands for an error of the original chain (batch_norm's,
+// add's), so that the fused op fails where it fails, only with a clearer
+// message; what the chain accepts and the kernels do not takes the reference
+// (batchNormAddDivSwishHandles).  A zero divisor is no error: the chain gives
+// inf/nan.
 void checkBatchNormAddDivSwishInputs(
     const at::Tensor& input,
     const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias,
     const at::Tensor& running_mean,
     const at::Tensor& running_var,
-    const at::Tensor& other,
-    const at::Scalar& divisor) {
+    const at::Tensor& other) {
   checkDefined(kOp, "input", input);
   checkDefined(kOp, "running_mean", running_mean);
   checkDefined(kOp, "running_var", running_var);
@@ -135,19 +227,99 @@ void checkBatchNormAddDivSwishInputs(
       input.dim(), "-D");
   checkFloating(kOp, "input", input);
   const int64_t channels = input.size(1);
-  if (weight.has_value() && weight->defined()) {
-    checkChannelVector("weight", *weight, input, channels);
+  if (defined(weight)) {
+    checkAffine("weight", *weight, input, channels);
   }
-  if (bias.has_value() && bias->defined()) {
-    checkChannelVector("bias", *bias, input, channels);
+  if (defined(bias)) {
+    checkAffine("bias", *bias, input, channels);
   }
-  checkChannelVector("running_mean", running_mean, input, channels);
-  checkChannelVector("running_var", running_var, input, channels);
-  checkSameDevice(kOp, "other", other, input);
+  checkRunningStat("running_mean", running_mean, input, channels);
+  checkRunningStat("running_var", running_var, input, channels);
+  // NB: the CPU's batch_norm refuses every other mix of dtypes; on CUDA some
+  // run (e.g. float64 running statistics without weight), and there such
+  // mixes take the reference.
+  if (input.is_cpu()) {
+    checkParamDtypes(input, weight, bias, running_mean, running_var);
+  }
+  if (!(other.dim() == 0 && other.is_cpu())) {  // add takes a 0-dim CPU tensor anywhere
+    checkSameDevice(kOp, "other", other, input);
+  }
   checkBroadcastable(kOp, other, input.sizes());
-  TORCH_CHECK(
-      divisor.toComplexDouble() != c10::complex<double>(0.0, 0.0), kOp,
-      ": expected divisor to be non-zero, got ", divisor.toDouble());
+}
+
+bool batchNormAddDivSwishHandles(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& running_mean,
+    const at::Tensor& running_var,
+    const at::Tensor& other) {
+  for (const auto& t : {input, orUndefined(weight), orUndefined(bias), running_mean, running_var,
+                        other}) {
+    if (!isPlainDenseTensor(t)) {
+      return false;
+    }
+  }
+  if (!input.defined() || input.dim() < 2) {
+    return true;  // the checks' error
+  }
+  // NB: batch_norm takes a weight or bias of C elements in any shape.
+  const int64_t channels = input.size(1);
+  for (const auto* t : {&weight, &bias}) {
+    if (defined(*t) && (*t)->dim() != 1 && (*t)->numel() == channels) {
+      return false;
+    }
+  }
+  if (!input.is_cpu()) {
+    if (other.defined() && other.dim() == 0 && other.is_cpu()) {
+      return false;  // the kernels read other on the input's device
+    }
+    if (running_mean.defined() && running_var.defined() &&
+        !paramDtypesAsBatchNorm(input, weight, bias, running_mean, running_var)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+at::Tensor addDivSwish(
+    const at::Tensor& bn, const at::Tensor& other, const at::Scalar& divisor, bool silu) {
+  const auto t = at::div(at::add(bn, other), divisor);
+  return silu ? at::silu(t) : at::mul(t, at::sigmoid(t));
+}
+
+at::Tensor batchNormAddDivSwishReference(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    at::Tensor& running_mean,
+    at::Tensor& running_var,
+    bool training,
+    double momentum,
+    double eps,
+    const at::Tensor& other,
+    const at::Scalar& divisor,
+    bool silu) {
+  const auto bn = at::batch_norm(
+      input, weight, bias, running_mean, running_var, training, momentum, eps,
+      /*cudnn_enabled=*/true);
+  return addDivSwish(bn, other, divisor, silu);
+}
+
+at::Tensor batchNormAddDivSwishEvalReference(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& running_mean,
+    const at::Tensor& running_var,
+    double eps,
+    const at::Tensor& other,
+    const at::Scalar& divisor,
+    bool silu) {
+  const auto bn = at::batch_norm(
+      input, weight, bias, running_mean, running_var, /*training=*/false,
+      /*momentum=*/0.0, eps, /*cudnn_enabled=*/true);
+  return addDivSwish(bn, other, divisor, silu);
 }
 
 at::ScalarType batchNormOpmathType(at::ScalarType input) {
@@ -227,3 +399,15 @@ batchNormAddDivSwishBackward(
 
 } // namespace ops
 } // namespace torchfuse
+
+// Backends without a torchfuse kernel (QuantizedCPU, SparseCPU, ...) run the
+// original chain.
+TORCH_LIBRARY_IMPL(torchfuse, CompositeExplicitAutograd, m) {
+  using namespace torchfuse::ops;
+  m.impl(
+      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish"),
+      TORCH_FN(batchNormAddDivSwishReference));
+  m.impl(
+      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish_eval"),
+      TORCH_FN(batchNormAddDivSwishEvalReference));
+}

@@ -9,14 +9,60 @@
 
 namespace torchfuse::ops {
 
+// Raises, with the op and argument named, for arguments the original chain
+// also rejects: ranks, sizes, devices, and on the CPU the parameters' dtypes
+// (one dtype, the input's or float32 for a 16-bit input).
 void checkBatchNormAddDivSwishInputs(
     const at::Tensor& input,
     const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias,
     const at::Tensor& running_mean,
     const at::Tensor& running_var,
+    const at::Tensor& other);
+
+// Whether the op's own kernels take these arguments (both forms): dense
+// strided tensors on CPU, CUDA or Meta (isPlainDenseTensor), a 1-D weight and
+// bias, and off the CPU `other` on the input's device and the parameters'
+// dtypes as the CPU's batch_norm takes them.  Never throws.  Where false,
+// every entry point runs the reference.
+bool batchNormAddDivSwishHandles(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& running_mean,
+    const at::Tensor& running_var,
+    const at::Tensor& other);
+
+// (bn + other) / divisor, then silu(t) or t * sigmoid(t).
+at::Tensor addDivSwish(
+    const at::Tensor& bn, const at::Tensor& other, const at::Scalar& divisor, bool silu);
+
+// The original chain as ATen ops: batch_norm (updating the running
+// statistics once, in training), add, div and the swish's spelling.  ATen's
+// own errors, results and autograd (double backward included).
+at::Tensor batchNormAddDivSwishReference(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    at::Tensor& running_mean,
+    at::Tensor& running_var,
+    bool training,
+    double momentum,
+    double eps,
     const at::Tensor& other,
-    const at::Scalar& divisor);
+    const at::Scalar& divisor,
+    bool silu);
+
+at::Tensor batchNormAddDivSwishEvalReference(
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& running_mean,
+    const at::Tensor& running_var,
+    double eps,
+    const at::Tensor& other,
+    const at::Scalar& divisor,
+    bool silu);
 
 // The dtype of the saved statistics.
 at::ScalarType batchNormOpmathType(at::ScalarType input);

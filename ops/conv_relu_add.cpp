@@ -8,8 +8,13 @@
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/accumulate.h>
+#include <c10/util/safe_numerics.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <limits>
+
+#include "ops/common/autograd_utils.h"
 #include "ops/common/checks.h"
 #include "ops/common/relu_mask.h"
 #include "torchfuse/ops.h"
@@ -172,6 +177,61 @@ std::vector<int64_t> convOutputSizes(
 }
 
 namespace {
+// The output's shape, each step overflow-checked: the one check, shared by
+// the CPU, CUDA and Meta kernels (forward and backward), that no padding,
+// dilation or input size wraps int64.
+// NB: unchecked, a padding of 2**62 turned the padded size negative (a
+// misleading "kernel larger than input"), and padding 2**31 - 1 on a 2x2
+// input gave an output whose byte size wraps to 0: oneDNN then died of
+// SIGFPE, as eager's conv2d does.
+std::vector<int64_t> checkedConvOutputSizes(
+    const char* op,
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation) {
+  const bool batched = input.dim() == weight.dim();
+  std::vector<int64_t> out;
+  if (batched) {
+    out.push_back(input.size(0));
+  }
+  out.push_back(weight.size(0));
+  const int64_t first = batched ? 2 : 1;
+  for (int64_t d = 0; d < weight.dim() - 2; ++d) {
+    int64_t twice = 0, padded = 0, span = 0, dilated = 0;
+    TORCH_CHECK(
+        !c10::mul_overflows(at1(padding, d), int64_t{2}, &twice) &&
+            !c10::add_overflows(input.size(first + d), twice, &padded),
+        op, ": expected the padded input size (input.size(", first + d,
+        ") + 2 * padding) to fit in int64, got input ", input.sizes(), " with padding ", padding);
+    TORCH_CHECK(
+        !c10::mul_overflows(at1(dilation, d), weight.size(2 + d) - 1, &span) &&
+            !c10::add_overflows(span, int64_t{1}, &dilated),
+        op, ": expected the dilated kernel size (dilation * (kernel size - 1) + 1) to fit in "
+        "int64, got weight ", weight.sizes(), " with dilation ", dilation);
+    TORCH_CHECK(
+        padded >= dilated, op, ": expected the padded input (", input.sizes(), " with padding ",
+        padding, ") to be at least the dilated kernel size (", weight.sizes(),
+        " with dilation ", dilation, ")");
+    out.push_back((padded - dilated) / at1(stride, d) + 1);
+  }
+  // The output's bytes, as at::empty would count them (0 for an empty one).
+  bool wraps = false;
+  uint64_t bytes = input.element_size();
+  for (const int64_t s : out) {
+    wraps = wraps || c10::mul_overflows(bytes, static_cast<uint64_t>(s), &bytes);
+  }
+  const bool empty = std::find(out.begin(), out.end(), 0) != out.end();
+  TORCH_CHECK(
+      empty || (!wraps && bytes <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())),
+      op, ": expected the conv output to have at most 2^63 - 1 bytes, got sizes ",
+      at::IntArrayRef(out), " of ", input.element_size(), "-byte elements (input ",
+      input.sizes(), ", weight ", weight.sizes(), ", stride ", stride, ", padding ", padding,
+      ", dilation ", dilation, ")");
+  return out;
+}
+
 // The checks on the convolution's own arguments; returns its output's shape.
 std::vector<int64_t> checkConvolution(
     const char* op,
@@ -202,24 +262,25 @@ std::vector<int64_t> checkConvolution(
   checkParam(op, "dilation", dilation, spatial, 1);
   const bool batched = input.dim() == weight.dim();
   const int64_t channels = input.size(batched ? 1 : 0);
+  int64_t expected_channels = 0;
   TORCH_CHECK(
-      channels == weight.size(1) * groups, op, ": expected input to have ",
-      weight.size(1) * groups, " channels (weight.size(1) * groups), got ",
-      channels);
+      !c10::mul_overflows(weight.size(1), groups, &expected_channels), op,
+      ": expected weight.size(1) * groups to fit in int64, got ", weight.size(1), " * ", groups);
+  TORCH_CHECK(
+      channels == expected_channels, op, ": expected input to have ", expected_channels,
+      " channels (weight.size(1) * groups), got ", channels);
   TORCH_CHECK(
       weight.size(0) % groups == 0, op,
       ": expected weight.size(0) to be divisible by groups (", groups,
       "), got ", weight.size(0));
-  const int64_t first = batched ? 2 : 1;
-  for (int64_t d = 0; d < spatial; ++d) {
-    TORCH_CHECK(
-        input.size(first + d) + 2 * at1(padding, d) >=
-            at1(dilation, d) * (weight.size(2 + d) - 1) + 1,
-        op, ": expected the padded input (", input.sizes(), " with padding ",
-        padding, ") to be at least the dilated kernel size (", weight.sizes(),
-        " with dilation ", dilation, ")");
+  return checkedConvOutputSizes(op, input, weight, stride, padding, dilation);
+}
+
+// other may also be a 0-dim CPU tensor, which add takes on any device.
+void checkOtherDevice(const char* op, const at::Tensor& other, const at::Tensor& input) {
+  if (!(other.dim() == 0 && other.is_cpu())) {
+    checkSameDevice(op, "other", other, input);
   }
-  return convOutputSizes(input, weight, stride, padding, dilation);
 }
 } // namespace
 
@@ -234,7 +295,7 @@ std::vector<int64_t> checkConvReluAddInputs(
     const at::Tensor& other) {
   const auto out = checkConvolution(kOp, input, weight, stride, padding, dilation, groups);
   checkDefined(kOp, "other", other);
-  checkSameDevice(kOp, "other", other, input);
+  checkOtherDevice(kOp, other, input);
   if (bias.has_value() && bias->defined()) {
     checkDim(kOp, "bias", *bias, 1);
     TORCH_CHECK(
@@ -274,6 +335,49 @@ std::vector<int64_t> checkConvReluAddBackwardInputs(
   return out;
 }
 
+void checkConvReluAddBackwardMaskType(const at::Tensor& mask) {
+  checkDefined("torchfuse::custom_conv_relu_add_backward", "mask", mask);
+  TORCH_CHECK(
+      mask.scalar_type() == at::kByte && mask.dim() == 1,
+      "torchfuse::custom_conv_relu_add_backward: expected mask to be the 1-D uint8 tensor that "
+      "custom_conv_relu_add_forward returns, got ", mask.scalar_type(), " of shape ",
+      mask.sym_sizes());
+}
+
+bool convReluAddHandles(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef /*stride*/,
+    at::IntArrayRef /*padding*/,
+    at::IntArrayRef /*dilation*/,
+    int64_t /*groups*/,
+    const at::Tensor& other,
+    const at::Scalar& /*alpha*/) {
+  if (!isPlainDenseTensor(input) || !isPlainDenseTensor(weight) ||
+      !isPlainDenseTensor(orUndefined(bias)) || !isPlainDenseTensor(other)) {
+    return false;
+  }
+  // NB: add takes a 0-dim CPU `other` on any device; the CUDA kernels read
+  // other on the input's device.
+  return !(other.defined() && input.defined() && other.dim() == 0 && other.is_cpu() &&
+           !input.is_cpu());
+}
+
+at::Tensor convReluAddReference(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    const at::Tensor& other,
+    const at::Scalar& alpha) {
+  return at::add(
+      at::relu(convolve(input, weight, bias, stride, padding, dilation, groups)), other, alpha);
+}
+
 std::tuple<at::Tensor, at::Tensor> convReluAddForward(
     const at::Tensor& input,
     const at::Tensor& weight,
@@ -311,3 +415,11 @@ ConvReluAddGrads convReluAddBackward(
 
 } // namespace ops
 } // namespace torchfuse
+
+// Backends without a torchfuse kernel (QuantizedCPU, SparseCPU, ...) run the
+// original chain.
+TORCH_LIBRARY_IMPL(torchfuse, CompositeExplicitAutograd, m) {
+  m.impl(
+      TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add"),
+      TORCH_FN(torchfuse::ops::convReluAddReference));
+}

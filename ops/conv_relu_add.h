@@ -23,7 +23,10 @@ std::vector<int64_t> convOutputSizes(
 // channels-last when the input or the weight is.
 at::MemoryFormat convOutputMemoryFormat(const at::Tensor& input, const at::Tensor& weight);
 
-// Checks the arguments and returns the convolution's output shape.
+// Checks the arguments and returns the convolution's output shape.  Raises,
+// with the op and argument named, only for arguments the original chain
+// also rejects; the output's size is overflow-checked (at most 2^63 - 1
+// bytes), for the CPU, CUDA and Meta kernels alike.
 std::vector<int64_t> checkConvReluAddInputs(
     const at::Tensor& input,
     const at::Tensor& weight,
@@ -90,6 +93,36 @@ std::vector<int64_t> checkConvReluAddBackwardInputs(
     at::IntArrayRef padding,
     at::IntArrayRef dilation,
     int64_t groups);
+
+// The mask checks that need no sizes (the Meta kernel's, for symbolic sizes).
+void checkConvReluAddBackwardMaskType(const at::Tensor& mask);
+
+// Whether the op's own kernels take these arguments: dense strided tensors on
+// CPU, CUDA or Meta (isPlainDenseTensor), `other` on the input's device.
+// Never throws.  Where false, every entry point runs convReluAddReference.
+bool convReluAddHandles(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    const at::Tensor& other,
+    const at::Scalar& alpha);
+
+// The original chain as ATen ops, relu(conv{1,2,3}d(...)) + alpha * other:
+// ATen's own errors, results and autograd (double backward included).
+at::Tensor convReluAddReference(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    const at::Tensor& other,
+    const at::Scalar& alpha);
 
 // Eager's convolution (conv1d/2d/3d: every backend, unbatched inputs too) and
 // its backward, on any device.

@@ -15,7 +15,7 @@
 // on the batch_norm output; d an int/float (literal, constant or attribute).
 // Excluded: running stats None or Tensor? (the op's stats are not optional:
 // TorchScript cannot express `Tensor(a!)?`), add alpha != 1, div by a Tensor
-// or with rounding_mode, a constant zero divisor (the op rejects it),
+// or with rounding_mode, a constant zero divisor (left to eager),
 // sigmoid of anything but t, chains whose intermediates have other uses, and
 // chains whose `other` or BN bias is written after them (the op saves both).
 //

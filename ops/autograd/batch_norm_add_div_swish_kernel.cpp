@@ -1,3 +1,4 @@
+#include <ATen/ATen.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -36,7 +37,22 @@ variable_list backwardFromSaved(
   const auto& other = saved[3];
   at::Tensor mean = saved[4];
   at::Tensor invstd = saved[5];
-  if (!training) {
+  if (training && c10::GradMode::is_enabled()) {
+    // NB: a backward with create_graph=True: the batch statistics computed
+    // again from input with ATen ops, so that the double backward sees their
+    // dependence on input (the saved ones are constants); the backward op
+    // then takes its differentiable composite.
+    const auto x = input.to(batchNormBackwardType(input.scalar_type(), grad_output.scalar_type()));
+    std::vector<int64_t> dims;
+    for (int64_t d = 0; d < x.dim(); ++d) {
+      if (d != 1) {
+        dims.push_back(d);
+      }
+    }
+    auto [var, batch_mean] = at::var_mean(x, dims, /*correction=*/0);
+    mean = batch_mean;
+    invstd = var.add(ctx->saved_data["eps"].toDouble()).rsqrt();
+  } else if (!training) {
     // saved[4], saved[5] are the running statistics.
     invstd = invstd.to(batchNormBackwardType(input.scalar_type(), grad_output.scalar_type()))
                  .add(ctx->saved_data["eps"].toDouble())
@@ -142,6 +158,13 @@ at::Tensor batchNormAddDivSwishAutograd(
     const at::Tensor& other,
     const at::Scalar& divisor,
     bool silu) {
+  if (!batchNormAddDivSwishHandles(input, weight, bias, running_mean, running_var, other)) {
+    // NB: with autograd on: ATen records the original chain's own graph, and
+    // batch_norm updates the running statistics once.
+    return batchNormAddDivSwishReference(
+        input, weight, bias, running_mean, running_var, training, momentum, eps, other, divisor,
+        silu);
+  }
   at::Tensor out;
   if (!needsGraph(input, weight, bias, other)) {
     at::AutoDispatchBelowADInplaceOrView guard;
@@ -172,6 +195,10 @@ at::Tensor batchNormAddDivSwishEvalAutograd(
     const at::Tensor& other,
     const at::Scalar& divisor,
     bool silu) {
+  if (!batchNormAddDivSwishHandles(input, weight, bias, running_mean, running_var, other)) {
+    return batchNormAddDivSwishEvalReference(
+        input, weight, bias, running_mean, running_var, eps, other, divisor, silu);
+  }
   if (!needsGraph(input, weight, bias, other)) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return batchNormAddDivSwishEval(
@@ -194,9 +221,14 @@ batchNormAddDivSwishBackwardAutograd(
     const at::Scalar& divisor,
     std::array<bool, 4> output_mask,
     bool silu) {
-  refuseDoubleBackward(
-      "torchfuse::custom_batch_norm_add_div_swish", grad_output, input, weight,
-      bias, other);
+  if (needsGraph(grad_output, input, weight, bias, mean, invstd, other)) {
+    // NB: a backward with create_graph=True (or a direct call that records a
+    // graph): the composite's ATen ops record the double backward's graph.
+    // The plain backward keeps the device kernels below.
+    return batchNormAddDivSwishBackwardComposite(
+        grad_output, input, weight, bias, mean, invstd, training, other, divisor, output_mask,
+        silu);
+  }
   at::AutoDispatchBelowADInplaceOrView guard;
   return batchNormAddDivSwishBackward(
       grad_output, input, weight, bias, mean, invstd, training, other, divisor,

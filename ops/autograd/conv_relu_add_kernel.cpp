@@ -98,6 +98,10 @@ at::Tensor convReluAddAutograd(
     int64_t groups,
     const at::Tensor& other,
     const at::Scalar& alpha) {
+  if (!convReluAddHandles(input, weight, bias, stride, padding, dilation, groups, other, alpha)) {
+    // NB: with autograd on: ATen records the original chain's own graph.
+    return convReluAddReference(input, weight, bias, stride, padding, dilation, groups, other, alpha);
+  }
   if (!needsGraph(input, weight, bias, other)) {
     at::AutoDispatchBelowADInplaceOrView guard;
     return custom_conv_relu_add(
@@ -120,7 +124,15 @@ ConvReluAddGrads convReluAddBackwardAutograd(
     at::IntArrayRef dilation,
     int64_t groups,
     std::array<bool, 4> output_mask) {
-  refuseDoubleBackward("torchfuse::custom_conv_relu_add", grad_output, input, weight);
+  if (needsGraph(grad_output, input, weight)) {
+    // NB: a backward with create_graph=True (or a direct call that records a
+    // graph): the composite's ATen ops record the double backward's graph,
+    // the mask a constant as in relu's own derivative, and
+    // convolution_backward differentiated by ATen's formula.  The plain
+    // backward keeps the device kernels below.
+    return convReluAddBackwardComposite(
+        grad_output, mask, input, weight, stride, padding, dilation, groups, output_mask);
+  }
   at::AutoDispatchBelowADInplaceOrView guard;
   return convReluAddBackward(
       grad_output, mask, input, weight, stride, padding, dilation, groups, output_mask);

@@ -74,4 +74,10 @@ bool anySymbolic(std::initializer_list<at::Tensor> tensors) {
   return false;
 }
 
+bool isPlainDenseTensor(const at::Tensor& t) {
+  return !t.defined() ||
+      (t.layout() == at::kStrided && !t.is_quantized() && !t.is_nested() &&
+       (t.is_cpu() || t.is_cuda() || t.is_meta()));
+}
+
 } // namespace torchfuse::ops

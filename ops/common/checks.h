@@ -32,4 +32,10 @@ void checkBroadcastable(
 // tracing): Meta kernels then skip the size checks, which need concrete sizes.
 bool anySymbolic(std::initializer_list<at::Tensor> tensors);
 
+// True for an undefined tensor or a dense, strided, non-quantized,
+// non-nested one on a device with torchfuse kernels (CPU, CUDA, Meta): the
+// tensors the ops' own kernels take.  Others (sparse, quantized, MKL-DNN,
+// other backends) make an op run its reference, the original ATen chain.
+bool isPlainDenseTensor(const at::Tensor& t);
+
 } // namespace torchfuse::ops

@@ -6,12 +6,6 @@
 namespace torchfuse::ops {
 namespace {
 
-at::Tensor addDivSwish(
-    const at::Tensor& bn, const at::Tensor& other, const at::Scalar& divisor, bool silu) {
-  const auto t = at::div(at::add(bn, other), divisor);
-  return silu ? at::silu(t) : at::mul(t, at::sigmoid(t));
-}
-
 // The per-channel vector t viewed to broadcast along dim 1 of an n-D input.
 at::Tensor perChannel(const at::Tensor& t, int64_t dim) {
   std::vector<int64_t> shape(dim, 1);
@@ -33,12 +27,12 @@ at::Tensor batchNormAddDivSwishComposite(
     const at::Tensor& other,
     const at::Scalar& divisor,
     bool silu) {
-  checkBatchNormAddDivSwishInputs(
-      input, weight, bias, running_mean, running_var, other, divisor);
-  const auto bn = at::batch_norm(
-      input, weight, bias, running_mean, running_var, training, momentum, eps,
-      /*cudnn_enabled=*/true);
-  return addDivSwish(bn, other, divisor, silu);
+  if (batchNormAddDivSwishHandles(input, weight, bias, running_mean, running_var, other)) {
+    checkBatchNormAddDivSwishInputs(input, weight, bias, running_mean, running_var, other);
+  }
+  return batchNormAddDivSwishReference(
+      input, weight, bias, running_mean, running_var, training, momentum, eps, other, divisor,
+      silu);
 }
 
 at::Tensor batchNormAddDivSwishEvalComposite(
@@ -51,12 +45,11 @@ at::Tensor batchNormAddDivSwishEvalComposite(
     const at::Tensor& other,
     const at::Scalar& divisor,
     bool silu) {
-  checkBatchNormAddDivSwishInputs(
-      input, weight, bias, running_mean, running_var, other, divisor);
-  const auto bn = at::batch_norm(
-      input, weight, bias, running_mean, running_var, /*training=*/false,
-      /*momentum=*/0.0, eps, /*cudnn_enabled=*/true);
-  return addDivSwish(bn, other, divisor, silu);
+  if (batchNormAddDivSwishHandles(input, weight, bias, running_mean, running_var, other)) {
+    checkBatchNormAddDivSwishInputs(input, weight, bias, running_mean, running_var, other);
+  }
+  return batchNormAddDivSwishEvalReference(
+      input, weight, bias, running_mean, running_var, eps, other, divisor, silu);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForwardComposite(
@@ -71,8 +64,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForwardCompos
     const at::Tensor& other,
     const at::Scalar& divisor,
     bool silu) {
-  checkBatchNormAddDivSwishInputs(
-      input, weight, bias, running_mean, running_var, other, divisor);
+  checkBatchNormAddDivSwishInputs(input, weight, bias, running_mean, running_var, other);
   const auto stats = input.options().dtype(batchNormOpmathType(input.scalar_type()));
   if (input.numel() == 0) {
     // NB: native_batch_norm refuses empty inputs; batch_norm returns an empty

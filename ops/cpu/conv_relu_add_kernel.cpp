@@ -80,6 +80,9 @@ at::Tensor convReluAddComposite(
     int64_t groups,
     const at::Tensor& other,
     const at::Scalar& alpha) {
+  if (!convReluAddHandles(input, weight, bias, stride, padding, dilation, groups, other, alpha)) {
+    return convReluAddReference(input, weight, bias, stride, padding, dilation, groups, other, alpha);
+  }
   checkConvReluAddInputs(input, weight, bias, stride, padding, dilation, groups, other);
   const auto conv = convolve(input, weight, bias, stride, padding, dilation, groups);
   return std::get<0>(

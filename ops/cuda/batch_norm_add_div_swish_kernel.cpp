@@ -19,6 +19,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <cmath>
+
 #include "kernels/batch_norm/batch_norm_add_div_swish.cuh"
 #include "ops/batch_norm_add_div_swish.h"
 #include "ops/cuda/cuda_types.h"
@@ -108,9 +110,15 @@ std::optional<k::BnChannelRef> otherRef(const at::Tensor& other, const at::Tenso
   return k::BnChannelRef{other.const_data_ptr(), *dt, other.stride(j)};
 }
 
+// NB: a zero or non-finite divisor takes the composite: the kernels fold
+// 1 / divisor into per-channel coefficients, where eager's inf/nan would
+// come out as inf - inf = nan.
 std::optional<double> realDivisor(const at::Scalar& divisor) {
   if (divisor.isFloatingPoint() || divisor.isIntegral(/*includeBool=*/false)) {
-    return divisor.toDouble();
+    const double d = divisor.toDouble();
+    if (d != 0.0 && std::isfinite(d)) {
+      return d;
+    }
   }
   return std::nullopt;
 }
@@ -241,8 +249,12 @@ at::Tensor batchNormAddDivSwishCuda(
     const at::Tensor& other,
     const at::Scalar& divisor,
     bool silu) {
-  checkBatchNormAddDivSwishInputs(
-      input, weight, bias, running_mean, running_var, other, divisor);
+  if (!batchNormAddDivSwishHandles(input, weight, bias, running_mean, running_var, other)) {
+    return batchNormAddDivSwishReference(
+        input, weight, bias, running_mean, running_var, training, momentum, eps, other, divisor,
+        silu);
+  }
+  checkBatchNormAddDivSwishInputs(input, weight, bias, running_mean, running_var, other);
   const auto plan = forwardPlan(
       input, weight, bias, running_mean, running_var, training, other, divisor);
   if (!plan) {
@@ -268,8 +280,11 @@ at::Tensor batchNormAddDivSwishEvalCuda(
     const at::Tensor& other,
     const at::Scalar& divisor,
     bool silu) {
-  checkBatchNormAddDivSwishInputs(
-      input, weight, bias, running_mean, running_var, other, divisor);
+  if (!batchNormAddDivSwishHandles(input, weight, bias, running_mean, running_var, other)) {
+    return batchNormAddDivSwishEvalReference(
+        input, weight, bias, running_mean, running_var, eps, other, divisor, silu);
+  }
+  checkBatchNormAddDivSwishInputs(input, weight, bias, running_mean, running_var, other);
   const auto plan = forwardPlan(
       input, weight, bias, running_mean, running_var, /*training=*/false, other,
       divisor);
@@ -292,8 +307,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForwardCuda(
     const at::Tensor& other,
     const at::Scalar& divisor,
     bool silu) {
-  checkBatchNormAddDivSwishInputs(
-      input, weight, bias, running_mean, running_var, other, divisor);
+  checkBatchNormAddDivSwishInputs(input, weight, bias, running_mean, running_var, other);
   const auto plan = forwardPlan(
       input, weight, bias, running_mean, running_var, training, other, divisor);
   if (!plan) {

@@ -652,6 +652,9 @@ at::Tensor convReluAddCuda(
     int64_t groups,
     const at::Tensor& other,
     const at::Scalar& alpha) {
+  if (!convReluAddHandles(input, weight, bias, stride, padding, dilation, groups, other, alpha)) {
+    return convReluAddReference(input, weight, bias, stride, padding, dilation, groups, other, alpha);
+  }
   return std::get<0>(forwardCuda(
       input, weight, bias, stride, padding, dilation, groups, other, alpha, /*with_mask=*/false));
 }

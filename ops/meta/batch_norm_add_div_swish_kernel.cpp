@@ -29,8 +29,7 @@ at::Tensor batchNormAddDivSwishMeta(
     const at::Scalar& divisor,
     bool /*silu*/) {
   if (!anySymbolic({input, orUndefined(weight), orUndefined(bias), running_mean, running_var, other})) {
-    checkBatchNormAddDivSwishInputs(
-        input, weight, bias, running_mean, running_var, other, divisor);
+    checkBatchNormAddDivSwishInputs(input, weight, bias, running_mean, running_var, other);
   }
   return outputMeta(input, other, divisor);
 }
@@ -46,8 +45,7 @@ at::Tensor batchNormAddDivSwishEvalMeta(
     const at::Scalar& divisor,
     bool /*silu*/) {
   if (!anySymbolic({input, orUndefined(weight), orUndefined(bias), running_mean, running_var, other})) {
-    checkBatchNormAddDivSwishInputs(
-        input, weight, bias, running_mean, running_var, other, divisor);
+    checkBatchNormAddDivSwishInputs(input, weight, bias, running_mean, running_var, other);
   }
   return outputMeta(input, other, divisor);
 }
@@ -65,8 +63,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForwardMeta(
     const at::Scalar& divisor,
     bool /*silu*/) {
   if (!anySymbolic({input, orUndefined(weight), orUndefined(bias), running_mean, running_var, other})) {
-    checkBatchNormAddDivSwishInputs(
-        input, weight, bias, running_mean, running_var, other, divisor);
+    checkBatchNormAddDivSwishInputs(input, weight, bias, running_mean, running_var, other);
   }
   const auto stats = input.options().dtype(batchNormOpmathType(input.scalar_type()));
   const c10::SymInt n = training ? input.sym_size(1) : c10::SymInt(0);

@@ -93,6 +93,13 @@ ConvReluAddGrads convReluAddBackwardMeta(
     at::IntArrayRef dilation,
     int64_t groups,
     std::array<bool, 4> output_mask) {
+  // NB: the CPU and CUDA kernels' checks, mask included.
+  if (!anySymbolic({grad_output, mask, input, weight})) {
+    checkConvReluAddBackwardInputs(
+        grad_output, mask, input, weight, stride, padding, dilation, groups);
+  } else {
+    checkConvReluAddBackwardMaskType(mask);
+  }
   return {
       output_mask[0] ? at::empty_like(input) : at::Tensor(),
       output_mask[1] ? at::empty_like(weight) : at::Tensor(),

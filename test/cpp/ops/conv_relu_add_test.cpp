@@ -9,7 +9,7 @@
 namespace {
 
 using torchfuse::test::expectClose;
-using torchfuse::test::expectDoubleBackwardRefused;
+using torchfuse::test::expectDoubleBackwardMatchesReference;
 using torchfuse::test::expectMatchesReference;
 using torchfuse::test::expectThrowsWith;
 using torchfuse::test::randSigned;
@@ -212,13 +212,24 @@ TEST(ConvReluAdd, NoGradGivesTheSameOutputWithoutAGraph) {
   expectClose(out, expected, "no-grad output");
 }
 
-TEST(ConvReluAdd, RefusesDoubleBackward) {
+TEST(ConvReluAdd, DoubleBackwardMatchesComposition) {
   at::manual_seed(8);
-  const auto x = randSigned({2, kInChannels, 5}, at::kDouble).set_requires_grad(true);
-  const auto w = randSigned({kOutChannels, kInChannels, 3}, at::kDouble).set_requires_grad(true);
-  const auto out = torchfuse::custom_conv_relu_add(
-      x, w, std::nullopt, {1}, {1}, {1}, 1, randSigned({1}, at::kDouble));
-  expectDoubleBackwardRefused(out, "torchfuse::custom_conv_relu_add");
+  const auto reference = [](const std::vector<at::Tensor>& l, double alpha) {
+    return at::relu(at::conv1d(l[0], l[1], l[2], {2}, {1}, {2}, 2)) + alpha * l[3];
+  };
+  for (const auto& other_sizes : std::vector<std::vector<int64_t>>{{6, 1}, {1}, {2, 6, 3}}) {
+    for (const double alpha : {1.0, -2.5}) {
+      SCOPED_TRACE("other " + c10::str(at::IntArrayRef(other_sizes)) + " alpha " + c10::str(alpha));
+      expectDoubleBackwardMatchesReference(
+          {randSigned({2, 4, 7}, at::kDouble), randSigned({6, 2, 3}, at::kDouble),
+           randSigned({6}, at::kDouble), randSigned(other_sizes, at::kDouble)},
+          [&](const std::vector<at::Tensor>& l) {
+            return torchfuse::custom_conv_relu_add(
+                l[0], l[1], l[2], {2}, {1}, {2}, 2, l[3], alpha);
+          },
+          [&](const std::vector<at::Tensor>& l) { return reference(l, alpha); });
+    }
+  }
 }
 
 // ---- input checks, one per message ----
@@ -355,6 +366,29 @@ TEST(ConvReluAdd, RejectsOtherOnAnotherDevice) {
             at::empty({6, 1, 1}, at::device(at::kMeta)));
       },
       "expected other to be on the same device as input (cpu), got meta");
+}
+
+// The output's size is overflow-checked; unchecked, padding 2**31 - 1 on a
+// 2x2 input killed the process (SIGFPE in oneDNN), and 2**62 said the kernel
+// was larger than the input.
+TEST(ConvReluAdd, RejectsPaddingWhoseOutputOverflows) {
+  expectThrowsWith(
+      [] { callConv2d(f32({1, 4, 2, 2}), f32({6, 4, 1, 1}), std::nullopt, {1}, {(int64_t{1} << 31) - 1}); },
+      "torchfuse::custom_conv_relu_add: expected the conv output to have at most 2^63 - 1 bytes, "
+      "got sizes [1, 6, 4294967296, 4294967296] of 4-byte elements");
+  expectThrowsWith(
+      [] { callConv2d(f32({1, 4, 2, 2}), f32({6, 4, 1, 1}), std::nullopt, {1}, {int64_t{1} << 62}); },
+      "torchfuse::custom_conv_relu_add: expected the padded input size (input.size(2) + 2 * "
+      "padding) to fit in int64");
+}
+
+TEST(ConvReluAdd, RejectsDilationWhoseKernelOverflows) {
+  expectThrowsWith(
+      [] {
+        callConv2d(f32({1, 4, 5, 5}), f32({6, 4, 3, 3}), std::nullopt, {1}, {0}, {int64_t{1} << 62});
+      },
+      "torchfuse::custom_conv_relu_add: expected the dilated kernel size (dilation * (kernel size "
+      "- 1) + 1) to fit in int64");
 }
 
 } // namespace

@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/GradMode.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -164,6 +165,55 @@ inline void expectDoubleBackwardRefused(
         }
       },
       c10::Error);
+}
+
+// Double backward: the gradients of every leaf, taken with create_graph,
+// dotted with one random tensor each, then differentiated again; `fused` and
+// `reference` (each run once) must agree at both orders.
+inline void expectDoubleBackwardMatchesReference(
+    const std::vector<at::Tensor>& bases,
+    const OpFn& fused,
+    const OpFn& reference) {
+  std::vector<at::Tensor> dirs;
+  for (const auto& b : bases) {
+    dirs.push_back(randSigned(b.sizes(), b.scalar_type()));
+  }
+  at::Tensor grad_out;
+  const auto grads = [&](const OpFn& fn) {
+    const auto leaves = freshLeaves(bases);
+    const auto out = fn(leaves);
+    if (!grad_out.defined()) {
+      grad_out = randSigned(out.sizes(), out.scalar_type());
+    }
+    const auto first = torch::autograd::grad(
+        {out}, leaves, {grad_out}, /*retain_graph=*/true, /*create_graph=*/true,
+        /*allow_unused=*/true);
+    auto dot = at::zeros({}, out.options());
+    for (size_t i = 0; i < first.size(); ++i) {
+      if (first[i].defined()) {
+        dot = dot + (first[i] * dirs[i]).sum();
+      }
+    }
+    auto second = torch::autograd::grad(
+        {dot}, leaves, {}, /*retain_graph=*/false, /*create_graph=*/false,
+        /*allow_unused=*/true);
+    second.insert(second.begin(), first.begin(), first.end());
+    return second;
+  };
+  const auto got = grads(fused);
+  const auto want = grads(reference);
+  for (size_t i = 0; i < want.size(); ++i) {
+    const std::string what =
+        (i < bases.size() ? "gradient of leaf " : "double gradient of leaf ") +
+        std::to_string(i % bases.size());
+    // autograd gives none, or zeros, where a leaf does not reach the result
+    if (!want[i].defined() || !got[i].defined()) {
+      const auto& g = want[i].defined() ? want[i] : got[i];
+      EXPECT_TRUE(!g.defined() || g.eq(0).all().item<bool>()) << what;
+      continue;
+    }
+    expectClose(got[i], want[i], what);
+  }
 }
 
 } // namespace torchfuse::test
