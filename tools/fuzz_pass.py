@@ -3,21 +3,37 @@
 what a module computes.
 
     tools/fuzz_pass.py --programs N --seed S [--emit-regressions DIR]
+                       [--modes train,eval,frozen,autocast,double_backward]
+                       [--features tied,exported|none]
 
 Each program is a random nn.Module written as Python source from a small
 vocabulary (linear, conv1d/conv2d, batch_norm, relu/relu_, add/add_/sub,
 div, mul, sigmoid, silu, views, in-place writes, if and for blocks), biased
-towards the four fusable chains and near-misses of them.  The module is
-scripted and optimized twice:
+towards the four fusable chains and near-misses of them.  Features, each
+from its own random stream (without them a program is the one drawn before
+they existed): `tied`, parameters tied and buffers shared between
+attributes (`self.fc2.weight = self.fc1.weight`, `self.bn2.running_mean =
+self.bn1.running_mean`, a second name for a parameter or buffer, one read
+in two places); `exported`, an @torch.jit.export method.  The module is
+scripted and optimized twice, and checked in these modes:
 
-  train   torchfuse.optimize(scripted): two training steps, then one step
-          in eval mode of the same modules;
-  frozen  torchfuse.optimize(scripted.eval(), freeze=True): one step.
+  train     torchfuse.optimize(scripted): two training steps, then one step
+            in eval mode of the same modules (and one of the exported
+            method);
+  frozen    torchfuse.optimize(scripted.eval(), freeze=True, with the
+            exported method in preserved_attrs): one step, and one of the
+            exported method;
+  autocast  the train mode's steps under torch.autocast('cpu', bfloat16)
+            (float32): equal dtypes, values judged against the float64 run;
+  double_backward  a gradient penalty: gradients with create_graph=True,
+            then the gradients of the sum of their squares.
 
 Each step runs the original and the optimized module on equal copies of the
 same signed random inputs, in float64 and in float32, and compares outputs,
 the inputs afterwards (in-place writes), gradients of inputs and parameters,
-and buffers (BatchNorm running statistics).  Where a mode passes, its
+and buffers (BatchNorm running statistics).  The optimized module must have
+the original's parameters and buffers, shared as they are, and optimize
+must leave its input's methods alone.  Where a mode passes, its
 optimized module is saved with torch.jit.save to a buffer and loaded with
 torch.jit.load (which compiles the saved code again, as for a user of the
 optimize-model CLI), and the mode's steps run again on the loaded module
@@ -1456,6 +1472,19 @@ def _candidates(prog: Program):
             yield dataclasses.replace(prog, returns=prog.returns[:i] + prog.returns[i + 1:])
     for body in _variants(prog.body):
         yield dataclasses.replace(prog, body=body)
+    for name in prog.inits:
+        if ".tie" in name:  # a tie dropped
+            yield dataclasses.replace(prog, inits={n: line for n, line in prog.inits.items() if n != name})
+    if prog.export:
+        yield dataclasses.replace(prog, export=None, preserved=())
+        if prog.preserved:
+            yield dataclasses.replace(prog, preserved=())
+        body, returns = prog.export
+        for i in range(len(returns)):
+            if len(returns) > 1:
+                yield dataclasses.replace(prog, export=(body, returns[:i] + returns[i + 1:]))
+        for variant in _variants(body):
+            yield dataclasses.replace(prog, export=(variant, returns))
 
 
 def _size(prog: Program) -> int:
