@@ -3,21 +3,37 @@
 what a module computes.
 
     tools/fuzz_pass.py --programs N --seed S [--emit-regressions DIR]
+                       [--modes train,eval,frozen,autocast,double_backward]
+                       [--features tied,exported|none]
 
 Each program is a random nn.Module written as Python source from a small
 vocabulary (linear, conv1d/conv2d, batch_norm, relu/relu_, add/add_/sub,
 div, mul, sigmoid, silu, views, in-place writes, if and for blocks), biased
-towards the four fusable chains and near-misses of them.  The module is
-scripted and optimized twice:
+towards the four fusable chains and near-misses of them.  Features, each
+from its own random stream (without them a program is the one drawn before
+they existed): `tied`, parameters tied and buffers shared between
+attributes (`self.fc2.weight = self.fc1.weight`, `self.bn2.running_mean =
+self.bn1.running_mean`, a second name for a parameter or buffer, one read
+in two places); `exported`, an @torch.jit.export method.  The module is
+scripted and optimized twice, and checked in these modes:
 
-  train   torchfuse.optimize(scripted): two training steps, then one step
-          in eval mode of the same modules;
-  frozen  torchfuse.optimize(scripted.eval(), freeze=True): one step.
+  train     torchfuse.optimize(scripted): two training steps, then one step
+            in eval mode of the same modules (and one of the exported
+            method);
+  frozen    torchfuse.optimize(scripted.eval(), freeze=True, with the
+            exported method in preserved_attrs): one step, and one of the
+            exported method;
+  autocast  the train mode's steps under torch.autocast('cpu', bfloat16)
+            (float32): equal dtypes, values judged against the float64 run;
+  double_backward  a gradient penalty: gradients with create_graph=True,
+            then the gradients of the sum of their squares.
 
 Each step runs the original and the optimized module on equal copies of the
 same signed random inputs, in float64 and in float32, and compares outputs,
 the inputs afterwards (in-place writes), gradients of inputs and parameters,
-and buffers (BatchNorm running statistics).  Where a mode passes, its
+and buffers (BatchNorm running statistics).  The optimized module must have
+the original's parameters and buffers, shared as they are, and optimize
+must leave its input's methods alone.  Where a mode passes, its
 optimized module is saved with torch.jit.save to a buffer and loaded with
 torch.jit.load (which compiles the saved code again, as for a user of the
 optimize-model CLI), and the mode's steps run again on the loaded module
@@ -35,6 +51,7 @@ reproduces it.
 
 import argparse
 import collections
+import contextlib
 import copy
 import dataclasses
 import importlib.util
@@ -61,14 +78,22 @@ if importlib.util.find_spec("torchfuse") is None:  # run from a checkout
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import torchfuse  # noqa: E402
 
-OPS = ["linear_add_relu", "conv_relu_add", "batch_norm_add_div_swish", "relu"]
+OPS = torchfuse.pass_names()  # the fusion registry's names, in pipeline order
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
-MODES = ["train", "eval", "frozen"]
+# train, eval: steps of optimize(m) (training, then inference); frozen:
+# optimize(m.eval(), freeze=True); autocast: the train and eval steps again
+# under CPU autocast to bfloat16 (float32 only); double_backward: a
+# gradient penalty through optimize(m) (see _double_backward_values).
+MODES = ["train", "eval", "frozen", "autocast", "double_backward"]
+AUTOCAST = "autocast"
 # Differences allowed, relative to max(1, largest magnitude of the reference
 # tensor): the CPU kernels are the unfused ATen compositions in the forward;
 # backwards are reassociated (and the BN backward runs in float64), so allow
 # rounding of the dtype with some accumulation headroom.
-TOLERANCE = {torch.float64: 1e-10, torch.float32: 2e-5}
+# Under autocast (bfloat16 matmuls and convolutions, rounding of 2**-8):
+# one bfloat16 ulp at 1, applied as rtol and atol (so about 2 ulps); see
+# _judge.
+TOLERANCE = {torch.float64: 1e-10, torch.float32: 2e-5, torch.bfloat16: 2.0**-7}
 BATCH = 4
 
 Shape = Tuple[int, ...]
@@ -90,30 +115,59 @@ class Stmt:
 
 @dataclasses.dataclass
 class Program:
-    inits: Dict[str, str]  # attribute -> its line in __init__
+    inits: Dict[str, str]  # attribute -> its line in __init__ ("name.tieK": a later line tying it)
     inputs: List[Tuple[str, Shape]]
     body: Tuple[Stmt, ...]
     returns: Tuple[str, ...]
+    # An @torch.jit.export method EXPORTED(inputs) -> (body, returns), and
+    # the attributes the frozen mode keeps besides it (preserved_attrs).
+    export: Optional[Tuple[Tuple[Stmt, ...], Tuple[str, ...]]] = None
+    preserved: Tuple[str, ...] = ()
 
     def used_names(self) -> set:
-        text = "\n".join(_render_body(self.body, 0) + list(self.returns))
-        return set(re.findall(r"\b\w+\b", text))
+        lines = _render_body(self.body, 0) + list(self.returns)
+        if self.export:
+            lines += _render_body(self.export[0], 0) + list(self.export[1])
+        return set(re.findall(r"\b\w+\b", "\n".join(lines)))
 
     def live_inputs(self) -> List[Tuple[str, Shape]]:
         used = self.used_names()
         return [(n, s) for n, s in self.inputs if n in used]
 
+    def init_lines(self) -> List[str]:
+        """The __init__ lines of the attributes used, of the tie lines of
+        those, and (transitively) of the attributes those lines read."""
+        keep = {n for n in self.inits if n.split(".")[0] in self.used_names() | set(self.preserved)}
+        while True:
+            read = {r for n in keep for r in re.findall(r"self\.(\w+)", self.inits[n])}
+            more = {n for n in self.inits if n.split(".")[0] in read} - keep
+            if not more:
+                return [line for n, line in self.inits.items() if n in keep]
+            keep |= more
+
     def source(self, cls: str = "Program") -> str:
-        used = self.used_names()
-        inits = [line for name, line in self.inits.items() if name in used]
         args = ", ".join(["self"] + [n for n, _ in self.live_inputs()])
-        ret = self.returns[0] if len(self.returns) == 1 else "(" + ", ".join(self.returns) + ",)"
-        lines = [f"class {cls}(nn.Module):", "    def __init__(self):", "        super().__init__()"]
-        lines += ["        " + line for line in inits]
+        lines = [f"class {cls}(nn.Module):"]
+        if self.export:
+            # NB: read back by check_source (_preserved_attrs).
+            lines += [f"    # preserved_attrs: {', '.join((EXPORTED,) + self.preserved)}"]
+        lines += ["    def __init__(self):", "        super().__init__()"]
+        lines += ["        " + line for line in self.init_lines()]
         lines += [f"    def forward({args}):"]
         lines += _render_body(self.body, 2)
-        lines += [f"        return {ret}"]
+        lines += [f"        return {_render_returns(self.returns)}"]
+        if self.export:
+            lines += ["    @torch.jit.export", f"    def {EXPORTED}({args}):"]
+            lines += _render_body(self.export[0], 2)
+            lines += [f"        return {_render_returns(self.export[1])}"]
         return "\n".join(lines) + "\n"
+
+
+EXPORTED = "exported"
+
+
+def _render_returns(returns: Sequence[str]) -> str:
+    return returns[0] if len(returns) == 1 else "(" + ", ".join(returns) + ",)"
 
 
 def _render_body(stmts: Sequence[Stmt], depth: int) -> List[str]:
@@ -154,7 +208,7 @@ class Generator:
     """Builds one random Program.  Statements go to the current block
     (`self.out`); `scope` lists the tensors visible there."""
 
-    def __init__(self, rng: random.Random):
+    def __init__(self, rng: random.Random, tie_rng: Optional[random.Random] = None):
         self.rng = rng
         self.inits: Dict[str, str] = {}
         self.counter = itertools.count()
@@ -164,6 +218,17 @@ class Generator:
         # A clean chain is written in a fusable form; otherwise near-misses
         # (extra uses, interfering writes, unfusable variants) are drawn.
         self.clean = False
+        # Tied parameters and shared buffers (feature "tied"): drawn from
+        # tie_rng alone, so that without it a program is the one `rng`
+        # alone has always drawn.  `tensors_by` lists the attribute paths
+        # of the tensors made so far by category ("param", "buffer", and
+        # BatchNorm statistics "mean", "var") and shape; `modules_by` the
+        # modules by what they accept, for the exported method to call.
+        self.tie_rng = tie_rng
+        self.tie_p = tie_rng.choice([0.0, 0.0, 0.35, 0.7]) if tie_rng else 0.0
+        self.reuse_p = 0.0  # chance of reading an existing tensor again (exported method)
+        self.tensors_by: Dict[Tuple[str, Shape], List[str]] = collections.defaultdict(list)
+        self.modules_by: Dict[tuple, List[Tuple[str, Shape]]] = collections.defaultdict(list)
 
     # -- names and attributes
     def fresh(self, prefix: str = "v") -> str:
@@ -176,11 +241,56 @@ class Generator:
 
     def param(self, shape: Shape) -> str:
         dims = ", ".join(map(str, shape))
-        return "self." + self.attr("p", "self.{name} = nn.Parameter(torch.randn(%s))" % dims)
+        return self._tensor_attr("param", shape, "p", "self.{name} = nn.Parameter(torch.randn(%s))" % dims,
+                                 "self.{name} = self.%s")
 
     def buffer(self, shape: Shape) -> str:
         dims = ", ".join(map(str, shape))
-        return "self." + self.attr("b", 'self.register_buffer("{name}", torch.randn(%s))' % dims)
+        return self._tensor_attr("buffer", shape, "b", 'self.register_buffer("{name}", torch.randn(%s))' % dims,
+                                 'self.register_buffer("{name}", self.%s)')
+
+    # -- ties
+    def _shared(self, category: str, shape: Shape) -> Optional[str]:
+        """An existing tensor of `category` and `shape` for a new one to be,
+        if a tie is drawn."""
+        paths = self.tensors_by.get((category, tuple(shape)))
+        if paths and self.tie_rng and self.tie_rng.random() < self.tie_p:
+            return self.tie_rng.choice(paths)
+        return None
+
+    def _tensor_attr(self, category: str, shape: Shape, prefix: str, line: str, alias_line: str) -> str:
+        """`self.<new attribute>` made by `line`; or, reused, an existing
+        tensor of the same category and shape: read again under its own name
+        (exported method), or under a second name given by `alias_line`
+        (a tied parameter, a shared buffer)."""
+        paths = self.tensors_by.get((category, tuple(shape)))
+        if paths and self.reuse_p and self.rng.random() < self.reuse_p:
+            return "self." + self.rng.choice(paths)
+        shared = self._shared(category, shape)
+        if shared and self.tie_rng.random() < 0.4:
+            return "self." + shared  # the same attribute read in two places
+        name = self.attr(prefix, alias_line % shared if shared else line)
+        self.tensors_by[(category, tuple(shape))].append(name)
+        return "self." + name
+
+    def _tie_module(self, module: str, fields: Sequence[Tuple[str, str, Shape]]) -> None:
+        """Registers a module's tensors (field, category, shape); ties each to
+        an earlier tensor of the same category and shape where one is drawn
+        (`self.fc2.weight = self.fc1.weight`, `self.bn2.running_mean =
+        self.bn1.running_mean`)."""
+        for k, (field, category, shape) in enumerate(fields):
+            shared = self._shared(category, shape)
+            if shared:
+                self.inits[f"{module}.tie{k}"] = f"self.{module}.{field} = self.{shared}"
+            self.tensors_by[(category, tuple(shape))].append(f"{module}.{field}")
+
+    def _reused_module(self, key: tuple) -> Optional[Tuple[str, Shape]]:
+        """An existing module taking `key`'s input, to call again (exported
+        method)."""
+        found = self.modules_by.get(key)
+        if found and self.reuse_p and self.rng.random() < self.reuse_p:
+            return self.rng.choice(found)
+        return None
 
     def chance(self, p: float) -> bool:
         return self.rng.random() < p
@@ -238,8 +348,13 @@ class Generator:
         shape = x.shape[:-1] + (fout,)
         r = self.rng.random()
         if r < 0.6:
+            reused = self._reused_module(("linear", x.shape))
+            if reused:
+                return self.define(f"self.{reused[0]}({x.name})", reused[1])
             bias = self.chance(0.7)
             m = self.attr("fc", "self.{name} = nn.Linear(%d, %d, bias=%s)" % (fin, fout, bias))
+            self._tie_module(m, [("weight", "param", (fout, fin))] + ([("bias", "param", (fout,))] if bias else []))
+            self.modules_by[("linear", x.shape)].append((m, shape))
             return self.define(f"self.{m}({x.name})", shape)
         w = self.param((fout, fin))
         if r < 0.8:
@@ -267,6 +382,9 @@ class Generator:
         shape = (x.shape[0], cout) + out
         bias = self.chance(0.7)
         kind = "Conv%dd" % dims
+        reused = self._reused_module(("conv", x.shape))
+        if reused:
+            return self.define(f"self.{reused[0]}({x.name})", reused[1])
         if self.chance(0.7):
             pad = repr(padding)
             if same_shape and stride == 1 and not self.clean and self.chance(0.3):
@@ -277,6 +395,9 @@ class Generator:
                 "self.{name} = nn.%s(%d, %d, %d, stride=%d, padding=%s, dilation=%d, groups=%d, bias=%s%s)"
                 % (kind, cin, cout, k, stride, pad, dilation, groups, bias, mode),
             )
+            self._tie_module(m, [("weight", "param", (cout, cin // groups) + (k,) * dims)]
+                             + ([("bias", "param", (cout,))] if bias else []))
+            self.modules_by[("conv", x.shape)].append((m, shape))
             return self.define(f"self.{m}({x.name})", shape)
         w = self.param((cout, cin // groups) + (k,) * dims)
         b = self.param((cout,)) if bias else "None"
@@ -287,6 +408,10 @@ class Generator:
     def batch_norm(self, x: Var) -> Var:
         c = x.shape[1]
         kind = "BatchNorm2d" if len(x.shape) == 4 else "BatchNorm1d"
+        reused = self._reused_module(("bn", x.shape))
+        if reused:
+            self.last_bn_stats = None
+            return self.define(f"self.{reused[0]}({x.name})", x.shape)
         if self.chance(0.7):
             opts = []
             if self.chance(0.15):
@@ -299,9 +424,16 @@ class Generator:
                 opts.append("eps=1e-3")
             m = self.attr("bn", "self.{name} = nn.%s(%s)" % (kind, ", ".join([str(c)] + opts)))
             self.last_bn_stats = None if "track_running_stats=False" in opts else f"self.{m}.running_mean"
+            fields = [] if "affine=False" in opts else [("weight", "param", (c,)), ("bias", "param", (c,))]
+            if self.last_bn_stats:
+                fields += [("running_mean", "mean", (c,)), ("running_var", "var", (c,))]
+            self._tie_module(m, fields)
+            self.modules_by[("bn", x.shape)].append((m, x.shape))
             return self.define(f"self.{m}({x.name})", x.shape)
-        rm = "self." + self.attr("rm", 'self.register_buffer("{name}", torch.zeros(%d))' % c)
-        rv = "self." + self.attr("rv", 'self.register_buffer("{name}", torch.ones(%d))' % c)
+        rm = self._tensor_attr("mean", (c,), "rm", 'self.register_buffer("{name}", torch.zeros(%d))' % c,
+                               'self.register_buffer("{name}", self.%s)')
+        rv = self._tensor_attr("var", (c,), "rv", 'self.register_buffer("{name}", torch.ones(%d))' % c,
+                               'self.register_buffer("{name}", self.%s)')
         w = self.param((c,)) if self.chance(0.7) else "None"
         b = self.param((c,)) if self.chance(0.7) else "None"
         training = self.pick(["self.training", "self.training", "True", "False"])
@@ -575,10 +707,34 @@ class Generator:
         fns, weights = zip(*kinds)
         self.rng.choices(fns, weights)[0]()
 
+    def exported_method(self, rng: random.Random, inputs: Sequence[Tuple[str, Shape]]):
+        """The body and returns of an @torch.jit.export method taking the
+        same inputs as forward, drawn from `rng` after forward, and the
+        attributes to preserve besides it.  NB: it mostly reads forward's
+        parameters, buffers and modules again, whose sharing freezing must
+        keep; it may write buffers, which freezing must then keep too."""
+        self.rng, self.reuse_p = rng, 0.6
+        self.scope = [Var(name, shape) for name, shape in inputs]
+        self.out, self.must_return = [], []
+        for _ in range(rng.randint(1, 3)):
+            self.statement()
+        visible = [v.name for v in self.scope]
+        returns = list(dict.fromkeys([visible[-1]] + self.must_return))
+        attrs = [n for n in self.inits if re.fullmatch(r"(p|b|k|flag)\d+", n)]
+        preserved = (rng.choice(attrs),) if attrs and rng.random() < 0.3 else ()
+        return (tuple(self.out), tuple(returns)), preserved
 
-def generate(seed: int, index: int) -> Program:
+
+# Program features beyond the forward that `rng` draws; each comes from its
+# own random stream, so a program drawn without them is the one drawn
+# before they existed.
+FEATURES = ["tied", "exported"]
+EXPORT_PROBABILITY = 0.25
+
+
+def generate(seed: int, index: int, features: Sequence[str] = tuple(FEATURES)) -> Program:
     rng = random.Random(f"{seed}:{index}")
-    g = Generator(rng)
+    g = Generator(rng, random.Random(f"{seed}:{index}:tied") if "tied" in features else None)
     family = rng.choice(["dense", "seq", "image"])
     n = rng.choice([BATCH, BATCH, 3])
     if family == "dense":
@@ -599,7 +755,11 @@ def generate(seed: int, index: int) -> Program:
     visible = [v.name for v in g.scope]
     returns = [visible[-1]] + [rng.choice(visible) for _ in range(rng.choice([0, 0, 1, 2]))]
     returns = list(dict.fromkeys(returns + g.must_return))
-    return Program(g.inits, inputs, tuple(g.out), tuple(returns))
+    body, export, preserved = tuple(g.out), None, ()
+    xrng = random.Random(f"{seed}:{index}:exported")
+    if "exported" in features and xrng.random() < EXPORT_PROBABILITY:
+        export, preserved = g.exported_method(xrng, inputs)
+    return Program(g.inits, inputs, body, tuple(returns), export, preserved)
 
 
 # ---- running and comparing --------------------------------------------------------
@@ -646,6 +806,10 @@ class Outcome:
     round_trip_torch_differs: int = 0
     # Modes not round-tripped because torch cannot save/load the original.
     round_trip_skipped: int = 0
+    # Double-backward steps not compared because the original raised.
+    double_backward_skipped: int = 0
+    # Whether the original shares a tensor between two attributes.
+    shares: bool = False
 
 
 def _flat(out) -> List[torch.Tensor]:
@@ -671,8 +835,28 @@ def _mismatch(a: torch.Tensor, b: torch.Tensor, dtype) -> Optional[str]:
     return f"max |diff| {diff:.3g} > {tol:.3g}"
 
 
-def _run_step(ref, opt, inputs, rng_seed, dtype, grads: bool, params: bool, what: str, outcome: Outcome):
-    """One forward (and backward) of both modules on equal inputs."""
+def _message(e: Exception) -> str:
+    """An exception's message in one line: for an error inside the
+    TorchScript interpreter, its last line (the first is boilerplate)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+    return lines[-1] if lines[0].startswith("The following operation failed") else lines[0]
+
+
+def _loss_weights(outputs, rng_seed: int) -> List[torch.Tensor]:
+    """Random weights for the outputs, drawn in float64 and rounded: the
+    float32 (and autocast) runs get the float64 run's weights, so that the
+    float64 results are their exact answers (torch.randn in float32 draws
+    other numbers than in float64 from 16 elements on)."""
+    g = torch.Generator().manual_seed(rng_seed)
+    return [torch.randn(o.shape, dtype=torch.float64, generator=g).to(o.dtype) for o in outputs]
+
+
+def _run_step(ref, opt, inputs, rng_seed, dtype, grads: bool, params: bool, what: str, outcome: Outcome,
+              method: str = "forward", autocast: bool = False):
+    """One forward (and backward) of both modules' `method` on equal inputs;
+    with `autocast`, the forwards under CPU autocast to bfloat16 (see
+    _judge for the tolerance) and the backwards after it, as in training
+    with mixed precision."""
     before = copy.deepcopy(ref)  # for _spread: the step changes buffers
     leaves_a = [t.clone().requires_grad_(grads) for t in inputs]
     leaves_b = [t.clone().requires_grad_(grads) for t in inputs]
@@ -682,14 +866,17 @@ def _run_step(ref, opt, inputs, rng_seed, dtype, grads: bool, params: bool, what
     for m in (ref, opt):
         for p in m.parameters():
             p.grad = None
+    context = (lambda: torch.autocast("cpu", torch.bfloat16)) if autocast else contextlib.nullcontext
     try:
-        out_a = _flat(ref(*ins_a))
+        with context():
+            out_a = _flat(getattr(ref, method)(*ins_a))
     except Exception as e:  # noqa: BLE001
         raise Invalid(f"{what}: the original raised {type(e).__name__}: {str(e).splitlines()[0]}")
     try:
-        out_b = _flat(opt(*ins_b))
+        with context():
+            out_b = _flat(getattr(opt, method)(*ins_b))
     except Exception as e:  # noqa: BLE001
-        outcome.failures.append(f"{what}: optimized forward raised: {str(e).splitlines()[0]}")
+        outcome.failures.append(f"{what}: optimized {method} raised: {_message(e)}")
         return
     if len(out_a) != len(out_b):
         outcome.failures.append(f"{what}: {len(out_b)} outputs vs {len(out_a)}")
@@ -698,8 +885,7 @@ def _run_step(ref, opt, inputs, rng_seed, dtype, grads: bool, params: bool, what
     values_b = _values(opt, out_b, ins_b)
     loss = None
     if grads:
-        g = torch.Generator().manual_seed(rng_seed)
-        weights = [torch.randn(o.shape, dtype=o.dtype, generator=g) for o in out_a]
+        weights = _loss_weights(out_a, rng_seed)
         # NB: freezing folds parameters into constants, and constant
         # propagation may fold outputs that depend on nothing else.
         both = [params or (a.requires_grad and b.requires_grad) for a, b in zip(out_a, out_b)]
@@ -716,22 +902,49 @@ def _run_step(ref, opt, inputs, rng_seed, dtype, grads: bool, params: bool, what
                 outcome.backward_skipped += 1
             if backward_ok:
                 try:
-                    sum((out_b[i] * w).sum() for i, w in loss).backward()
+                    sum((out_b[i] * w.to(out_b[i].dtype)).sum() for i, w in loss).backward()
                 except Exception as e:  # noqa: BLE001
-                    outcome.failures.append(f"{what}: optimized backward raised: {str(e).splitlines()[0]}")
+                    outcome.failures.append(f"{what}: optimized backward raised: {_message(e)}")
                     return
                 values_a.update(_grads(ref, leaves_a, params))
                 values_b.update(_grads(opt, leaves_b, params))
+
+    def evaluate(module, leaves):
+        leaves = [t.requires_grad_(loss is not None) for t in leaves]
+        ins = [t.clone() for t in leaves]
+        outputs = _flat(getattr(module, method)(*ins))
+        values = _values(module, outputs, ins)
+        if loss:
+            sum((outputs[i] * w).sum() for i, w in loss).backward()
+            values.update(_grads(module, leaves, params))
+        return values
+
     step = what.split(" ", 1)[1]
+    # NB: the autocast steps repeat the train mode's steps from the same
+    # state, whose float64 results are their exact answers too.
+    _judge(values_a, values_b, dtype, step.replace(AUTOCAST + " ", "", 1) if autocast else step, what, outcome,
+           None if autocast else lambda: _spread(before, inputs, dtype, rng_seed, values_a, evaluate),
+           record=not autocast)
+
+
+def _judge(values_a, values_b, dtype, step: str, what: str, outcome: Outcome, spread_runs,
+           record: bool = True) -> None:
+    """Compares the values of a step: within the tolerance, or (float32) as
+    accurate against the float64 run's results of `step` (recorded here by
+    the float64 run), or within the original's rounding spread
+    (`spread_runs()` yields it after each perturbed run).  Without
+    `spread_runs` (autocast), the tolerance and the float64-based rule are
+    those of bfloat16."""
+    tol_dtype = dtype if spread_runs else torch.bfloat16
     beyond = []  # (name, original, optimized, message)
     for name, a in values_a.items():
         if name not in values_b:  # a buffer frozen into a constant
             continue
         b = values_b[name]
-        if dtype == torch.float64 and a is not None:
+        if record and dtype == torch.float64 and a is not None:
             outcome.exact[f"{step}: {name}"] = a.detach().clone()
-        msg = _mismatch(a, b, dtype)
-        if msg and not _as_accurate(a, b, outcome.exact.get(f"{step}: {name}"), dtype):
+        msg = _mismatch(a, b, tol_dtype)
+        if msg and not _as_accurate(a, b, outcome.exact.get(f"{step}: {name}"), tol_dtype):
             beyond.append((name, a, b, msg))
     if not beyond:
         return
@@ -744,14 +957,78 @@ def _run_step(ref, opt, inputs, rng_seed, dtype, grads: bool, params: bool, what
     # all are within it or PERTURBATION_RUNS_MAX runs are spent; passing
     # programs rarely get here at all.
     spread: Dict[str, float] = {}
-    for runs, spread in enumerate(_spread(before, inputs, dtype, loss, params, rng_seed, values_a), 1):
-        if runs >= PERTURBATION_RUNS and all(_within_spread(a, b, spread.get(name)) for name, a, b, _ in beyond):
-            break
+    if spread_runs is not None and all(a.dtype == b.dtype for _, a, b, _ in beyond if a is not None and b is not None):
+        for runs, spread in enumerate(spread_runs(), 1):
+            if runs >= PERTURBATION_RUNS and all(_within_spread(a, b, spread.get(name)) for name, a, b, _ in beyond):
+                break
     for name, a, b, msg in beyond:
         if _within_spread(a, b, spread.get(name)):
             outcome.within_spread += 1
         else:
             outcome.failures.append(f"{what}: {name}: {msg}")
+
+
+def _double_backward_values(module, leaves, rng_seed: int) -> Optional[Dict[str, torch.Tensor]]:
+    """A gradient penalty: the gradients of a random weighting of the
+    outputs with respect to the inputs and parameters, taken with
+    create_graph=True, and the gradients of the sum of their squares with
+    respect to the same.  Gradients of what a result does not depend on
+    count as zeros (an optimized module may connect a zero gradient that
+    the original leaves unconnected).  None if no output requires grad."""
+    leaves = [t.requires_grad_(True) for t in leaves]
+    ins = [t.clone() for t in leaves]  # NB: programs may write their inputs in place
+    try:
+        outputs = _flat(module(*ins))
+    except Exception as e:  # noqa: BLE001
+        raise _ForwardRaised(e) from e
+    named = [(f"input {i}", t) for i, t in enumerate(leaves)] + list(module.named_parameters())
+    terms = [(o * w).sum() for o, w in zip(outputs, _loss_weights(outputs, rng_seed)) if o.requires_grad]
+    if not terms:
+        return None
+    targets = [t for _, t in named]
+    first = torch.autograd.grad(sum(terms), targets, create_graph=True, materialize_grads=True)
+    penalty = sum((g * g).sum() for g in first)
+    if penalty.requires_grad:
+        second = torch.autograd.grad(penalty, targets, materialize_grads=True)
+    else:
+        second = [torch.zeros_like(t) for t in targets]
+    values = {"outputs": torch.cat([o.detach().reshape(-1) for o in outputs])}
+    values.update({f"grad of {n} (create_graph)": g for (n, _), g in zip(named, first)})
+    values["penalty (sum of the squared gradients)"] = penalty
+    values.update({f"grad of the penalty w.r.t. {n}": g for (n, _), g in zip(named, second)})
+    return values
+
+
+class _ForwardRaised(Exception):
+    pass
+
+
+def _run_double_backward_step(ref, opt, inputs, rng_seed, dtype, what: str, outcome: Outcome) -> None:
+    """Double backward (WGAN-GP's gradient penalty, MAML, Hessian-vector
+    products): _double_backward_values of both modules, compared as a
+    step's values are.  Where the original raises in the backwards, the
+    step is not compared (Outcome.double_backward_skipped)."""
+    before = copy.deepcopy(ref)
+    try:
+        values_a = _double_backward_values(ref, [t.clone() for t in inputs], rng_seed)
+    except _ForwardRaised as e:
+        raise Invalid(f"{what}: the original raised {type(e.args[0]).__name__}: {str(e.args[0]).splitlines()[0]}")
+    except Exception:  # noqa: BLE001  (e.g. an input written in place after use)
+        outcome.double_backward_skipped += 1
+        return
+    if values_a is None:
+        return
+    try:
+        values_b = _double_backward_values(opt, [t.clone() for t in inputs], rng_seed)
+    except Exception as e:  # noqa: BLE001
+        outcome.failures.append(f"{what}: optimized module raised: {_message(e)}")
+        return
+    if values_b is None:
+        outcome.failures.append(f"{what}: no output of the optimized module requires grad")
+        return
+    _judge(values_a, values_b, dtype, what.split(" ", 1)[1], what, outcome,
+           lambda: _spread(before, inputs, dtype, rng_seed, values_a,
+                           lambda module, leaves: _double_backward_values(module, leaves, rng_seed)))
 
 
 def _values(module, outputs, ins) -> Dict[str, torch.Tensor]:
@@ -777,6 +1054,8 @@ def _as_accurate(a, b, exact, dtype) -> bool:
     1/sqrt(eps) amplifies rounding) is not a change of meaning."""
     if exact is None or a is None or b is None or a.shape != exact.shape or b.shape != exact.shape:
         return False
+    if a.dtype != b.dtype:
+        return False
 
     def error(t):
         t = t.detach().double()
@@ -798,7 +1077,7 @@ PERTURBATION_RUNS_MAX = 64
 SPREAD_FACTOR = 4
 
 
-def _spread(before, inputs, dtype, loss, params: bool, seed: int, values_a):
+def _spread(before, inputs, dtype, seed: int, values_a, evaluate):
     """Yields, after each of up to PERTURBATION_RUNS_MAX runs, how far the
     original's own results have moved so far, per compared tensor, with its
     inputs, parameters and floating-point buffers scaled by
@@ -807,7 +1086,8 @@ def _spread(before, inputs, dtype, loss, params: bool, seed: int, values_a):
     carries no more than rounding noise (e.g. a gradient that is zero but
     for rounding amplified by a BatchNorm of a constant, or by x / x), so a
     difference within a few times the spread is not a change of meaning.
-    A run that raises ends it with an empty spread."""
+    `evaluate(module, inputs)` gives a run's values (inputs: leaves to
+    be).  A run that raises ends it with an empty spread."""
     eps = torch.finfo(dtype).eps * PERTURBATION_ULPS
     spread: Dict[str, float] = collections.defaultdict(float)
     g = torch.Generator().manual_seed(seed + 1000)
@@ -823,14 +1103,8 @@ def _spread(before, inputs, dtype, loss, params: bool, seed: int, values_a):
                     t.copy_(jitter(t))
         for t in module.parameters():
             t.detach_().requires_grad_(True)  # deepcopy's clones are not leaves
-        leaves = [jitter(t).requires_grad_(loss is not None) for t in inputs]
-        ins = [t.clone() for t in leaves]
         try:
-            outputs = _flat(module(*ins))
-            values = _values(module, outputs, ins)
-            if loss:
-                sum((outputs[i] * w).sum() for i, w in loss).backward()
-                values.update(_grads(module, leaves, params))
+            values = evaluate(module, [jitter(t) for t in inputs]) or {}
         except Exception:  # noqa: BLE001  (a perturbation cannot vouch for anything)
             yield {}
             return
@@ -846,7 +1120,7 @@ def _spread(before, inputs, dtype, loss, params: bool, seed: int, values_a):
 
 
 def _within_spread(a, b, spread: Optional[float]) -> bool:
-    if spread is None or a is None or b is None or a.shape != b.shape:
+    if spread is None or a is None or b is None or a.shape != b.shape or a.dtype != b.dtype:
         return False
     d = (b.detach().double() - a.detach().double()).abs()
     d[(b == a) | (torch.isnan(b) & torch.isnan(a))] = 0
@@ -864,9 +1138,13 @@ def check_source(
 ) -> Outcome:
     """Runs `source` (a class Program) and its optimized forms as described
     in the module docstring; with `round_trip`, also the optimized forms
-    after torch.jit.save / torch.jit.load.  Raises Invalid if the original
-    cannot run."""
+    after torch.jit.save / torch.jit.load.  A line `# preserved_attrs: a, b`
+    in the class names what the frozen mode preserves (the first: an
+    exported method taking forward's inputs).  Raises Invalid if the
+    original cannot run."""
     cls = load_class(source)
+    m = re.search(r"^\s*# preserved_attrs: (.*)$", source, re.M)
+    preserved = tuple(n.strip() for n in m.group(1).split(",")) if m else ()
     outcome = Outcome()
     # NB: the plain interpreter runs exactly the graphs being compared; the
     # optimizing executor's passes can change meaning on their own (its
@@ -878,30 +1156,89 @@ def check_source(
     torch.set_num_threads(1)
     try:
         with torch.jit.optimized_execution(False):
-            _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, outcome)
+            _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, preserved, outcome)
     finally:
         torch.set_num_threads(threads)
     return outcome
 
 
-def _script_and_optimize(model, freeze: bool, what: str, outcome: Outcome):
-    """(scripted, optimized), counting the fused nodes; optimized is None
-    (a failure recorded) if optimize raised."""
+def _optimize(module, freeze: bool, preserved: Sequence[str]):
+    """torchfuse.optimize; with preserved attributes (frozen programs with
+    an exported method) through its preserved_attrs keyword."""
+    if freeze and preserved:
+        return torchfuse.optimize(module, freeze=True, preserved_attrs=list(preserved))
+    return torchfuse.optimize(module, freeze=freeze)
+
+
+def _script_and_optimize(model, freeze: bool, what: str, outcome: Outcome, preserved: Sequence[str] = ()):
+    """(original, optimized), counting the fused nodes; optimized is None
+    (a failure recorded) if optimize raised or the result's parameters and
+    buffers are not shared as the original's are.  The original returned
+    is a copy of the module optimized, made before: optimize may share its
+    input's tensors (as torch.compile does), and the two must not run on
+    one state.  optimize must not change its input's methods."""
     try:
-        ref = torch.jit.script(model)
+        scripted = torch.jit.script(model)
     except Exception as e:  # noqa: BLE001
         raise Invalid(f"script: {type(e).__name__}: {str(e).splitlines()[0]}")
+    ref = _copy(scripted)
+    sharing = _sharing(scripted)
+    outcome.shares |= any(len(g) > 1 for g in sharing.values())
+    methods = _methods_text(scripted)
     try:
-        # NB: the result shares its parameters and buffers with its input:
-        # optimize a copy, so that ref and opt each step their own state.
-        opt = torchfuse.optimize(_copy(ref), freeze=freeze)
+        opt = _optimize(scripted, freeze, preserved)
     except Exception as e:  # noqa: BLE001
-        outcome.failures.append(f"{what}: optimize raised: {str(e).splitlines()[0]}")
+        call = f"optimize(freeze=True, preserved_attrs={list(preserved)})" if freeze and preserved else "optimize"
+        outcome.failures.append(f"{what}: {call} raised: {type(e).__name__}: {str(e).splitlines()[0]}")
         return ref, None
     for op, n in torchfuse.report(opt).items():
         if op in OPS and n:
             outcome.fused[op] += n
+    if _methods_text(scripted) != methods:
+        outcome.failures.append(f"{what}: optimize changed its input module's methods")
+    msg = _sharing_mismatch(sharing, opt, freeze)
+    missing = [n for n in preserved[1:] if not opt._c.hasattr(n)]
+    if missing:
+        msg = f"preserved attributes {missing} missing"
+    if msg:
+        outcome.failures.append(f"{what}: {msg}")
+        return ref, None
     return ref, opt
+
+
+def _methods_text(module) -> str:
+    return "\n".join(str(module._c._get_method(n).graph) for n in sorted(module._c._method_names()))
+
+
+def _sharing(module) -> Dict[str, Tuple[str, ...]]:
+    """Each parameter and buffer (by kind and qualified name) -> the names
+    of all that are the same tensor (tied parameters, shared buffers)."""
+    groups: Dict[int, List[str]] = collections.defaultdict(list)
+    for kind, named in (("parameter", module.named_parameters(remove_duplicate=False)),
+                        ("buffer", module.named_buffers(remove_duplicate=False))):
+        for name, t in named:
+            if t is not None:
+                groups[t._cdata].append(f"{kind} {name}")
+    return {n: tuple(sorted(g)) for g in groups.values() for n in g}
+
+
+def _sharing_mismatch(original: Dict[str, Tuple[str, ...]], module, frozen: bool) -> Optional[str]:
+    """How `module`'s parameters and buffers differ from the original's in
+    number or sharing; None if they do not.  Frozen: freezing folds
+    parameters and unwritten buffers into constants, so only those kept
+    are compared, each with the original's group restricted to them."""
+    got = _sharing(module)
+    unique = [len({g for n, g in d.items() if n.startswith("parameter")}) for d in (got, original)]
+    count = f"{unique[0]} parameters vs {unique[1]} in the original"
+    if not frozen and set(got) != set(original):
+        names = sorted(set(got) ^ set(original))
+        return f"{count}; names differ: {', '.join(names[:4])}"
+    for name in sorted(got):
+        want = tuple(n for n in original.get(name, (name,)) if n in got)
+        if got[name] != want:
+            return (f"{count}; {name} is one tensor with {len(got[name]) - 1} other ({', '.join(got[name])}), "
+                    f"in the original with {len(want) - 1} ({', '.join(want)})")
+    return None if frozen or unique[0] == unique[1] else count
 
 
 AFTER_SAVE_LOAD = "after save/load"
@@ -929,21 +1266,24 @@ def _copy(module):
 
 
 def _run_steps(ref, opt, steps, inputs, seed, dtype, params: bool, what: str, stop_early: bool,
-               outcome: Outcome) -> None:
+               outcome: Outcome, autocast: bool = False) -> None:
     """One mode's steps, `ref` and `opt` in step: (mode, i) runs step i
-    (check seed seed + i), in eval mode from the first "eval" step on.
-    `what` names a step once formatted with its mode and i."""
-    for mode, i in steps:
+    (check seed seed + i) of forward, (mode, i, method) of another method,
+    in eval mode from the first "eval" step on.  `what` names a step once
+    formatted with its mode and i."""
+    for mode, i, *method in steps:
         if mode == "eval":
             ref.eval()
             opt.eval()
-        _run_step(ref, opt, inputs, seed + i, dtype, True, params, what.format(mode=mode, i=i), outcome)
+        name = what.format(mode=mode, i=i) + "".join(f" {m}()" for m in method)
+        _run_step(ref, opt, inputs, seed + i, dtype, True, params, name, outcome,
+                  method=method[0] if method else "forward", autocast=autocast)
         if stop_early and outcome.failures:
             return
 
 
 def _check_mode(ref, opt, steps, inputs, seed, dtype, params: bool, label: str, what: str,
-                stop_early: bool, round_trip: bool, outcome: Outcome) -> None:
+                stop_early: bool, round_trip: bool, outcome: Outcome, preserved: Sequence[str] = ()) -> None:
     """One mode's steps on `opt` against `ref`; then, with `round_trip` and
     where those passed, the same steps on `opt` after torch.jit.save /
     torch.jit.load against a copy of `ref` from the same state.  Where the
@@ -954,7 +1294,9 @@ def _check_mode(ref, opt, steps, inputs, seed, dtype, params: bool, label: str, 
     (Outcome.round_trip_alike) instead of a failure; when they do not, but
     torch's own module after save/load differs from the original as well,
     the mode has no reference and is not judged (counted in
-    Outcome.round_trip_torch_differs)."""
+    Outcome.round_trip_torch_differs).  The loaded module's parameters and
+    buffers must be shared as the original's are (_sharing_mismatch).
+    `preserved`: what the frozen modules keep (optimize's preserved_attrs)."""
     saved = start = loaded = None
     if round_trip:
         # NB: both saved and copied before any step, so the loaded module
@@ -981,6 +1323,10 @@ def _check_mode(ref, opt, steps, inputs, seed, dtype, params: bool, label: str, 
     _run_steps(ref, opt, steps, inputs, seed, dtype, params, what, stop_early, outcome)
     if not round_trip or len(outcome.failures) > failed:
         return  # NB: the loaded module would mostly repeat an in-memory failure
+    msg = _sharing_mismatch(_sharing(start), loaded, not params)
+    if msg:
+        outcome.failures.append(f"{label} {AFTER_SAVE_LOAD}: {msg}")
+        return
     after = Outcome(exact=outcome.exact)
     _run_steps(_copy(start), loaded, steps, inputs, seed, dtype, params,
                f"{what} {AFTER_SAVE_LOAD}", stop_early, after)
@@ -994,7 +1340,7 @@ def _check_mode(ref, opt, steps, inputs, seed, dtype, params: bool, label: str, 
             own = _copy(start)
             if not params:
                 with torch.jit.optimized_execution(True):
-                    own = torch.jit._recursive.wrap_cpp_module(torch._C._freeze_module(own._c))
+                    own = torch.jit._recursive.wrap_cpp_module(torch._C._freeze_module(own._c, list(preserved)))
             own_saved = _save(own)
             _run_steps(_load(own_saved), _load(saved), steps, inputs, seed, dtype, params,
                        f"{what} {AFTER_SAVE_LOAD} against the loaded original", True, alike)
@@ -1024,30 +1370,67 @@ def _check_mode(ref, opt, steps, inputs, seed, dtype, params: bool, label: str, 
     outcome.within_spread += after.within_spread
 
 
-def _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, outcome) -> None:
+def _to_dtype(model, dtype):
+    """model.to(dtype), its parameters and buffers shared as before
+    (Module.to converts each module's buffers apart, untying shared ones)."""
+    groups = collections.defaultdict(list)
+    for kind, named in (("_parameters", model.named_parameters(remove_duplicate=False)),
+                        ("_buffers", model.named_buffers(remove_duplicate=False))):
+        for name, t in named:
+            groups[id(t)].append((kind, name))
+    model = model.to(dtype)
+    for members in groups.values():
+        kind, name = members[0]
+        first = getattr(model.get_submodule(name.rpartition(".")[0]), kind)[name.rpartition(".")[2]]
+        for kind, name in members[1:]:
+            getattr(model.get_submodule(name.rpartition(".")[0]), kind)[name.rpartition(".")[2]] = first
+    return model
+
+
+def _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, preserved, outcome) -> None:
+    """The modes of one program, float64 first: the float32 runs are
+    judged against its results.  The autocast steps are the train mode's
+    steps again (so "autocast" needs those: it runs them), on copies of
+    the pair made before them."""
+    exported = [EXPORTED] if preserved else []
     for dname in dtypes:
         dtype = DTYPES[dname]
         torch.manual_seed(seed)
-        model = cls().to(dtype)
+        model = _to_dtype(cls(), dtype)
         frozen_base = copy.deepcopy(model).eval()
         g = torch.Generator().manual_seed(seed + 1)
         inputs = [torch.randn(s, generator=g).to(dtype) for s in input_shapes]
-        if "train" in modes or "eval" in modes:
+        autocast = AUTOCAST in modes and dtype == torch.float32
+        names = ((["train"] * 2 if "train" in modes or AUTOCAST in modes else [])
+                 + (["eval"] if "eval" in modes or AUTOCAST in modes else []))
+        if names or "double_backward" in modes:
             ref, opt = _script_and_optimize(model, False, f"{dname} train", outcome)
             if opt is None:
                 return
-            names = (["train"] * 2 if "train" in modes else []) + (["eval"] if "eval" in modes else [])
+            copies = {m: (_copy(ref), _copy(opt)) for m in (AUTOCAST, "double_backward")
+                      if m in modes and (m != AUTOCAST or autocast)}
             steps = [(mode, i) for i, mode in enumerate(names)]
-            _check_mode(ref, opt, steps, inputs, seed, dtype, True, f"{dname} train",
-                        f"{dname} {{mode}} step {{i}}", stop_early, round_trip, outcome)
-            if stop_early and outcome.failures:
-                return
+            if names:
+                _check_mode(ref, opt, steps + [(names[-1], len(names), m) for m in exported], inputs, seed, dtype,
+                            True, f"{dname} train", f"{dname} {{mode}} step {{i}}", stop_early, round_trip, outcome)
+                if stop_early and outcome.failures:
+                    return
+            if AUTOCAST in copies:
+                _run_steps(*copies[AUTOCAST], steps, inputs, seed, dtype, True, f"{dname} {AUTOCAST} {{mode}} step {{i}}",
+                           stop_early, outcome, autocast=True)
+                if stop_early and outcome.failures:
+                    return
+            if "double_backward" in copies:
+                _run_double_backward_step(*copies["double_backward"], inputs, seed + 9, dtype,
+                                          f"{dname} double_backward step 0", outcome)
+                if stop_early and outcome.failures:
+                    return
         if "frozen" in modes:
-            ref, opt = _script_and_optimize(frozen_base, True, f"{dname} frozen", outcome)
+            ref, opt = _script_and_optimize(frozen_base, True, f"{dname} frozen", outcome, preserved)
             if opt is None:
                 return
-            _check_mode(ref, opt, [("frozen", 7)], inputs, seed, dtype, False, f"{dname} frozen",
-                        f"{dname} frozen", stop_early, round_trip, outcome)
+            _check_mode(ref, opt, [("frozen", 7)] + [("frozen", 8, m) for m in exported], inputs, seed, dtype,
+                        False, f"{dname} frozen", f"{dname} frozen", stop_early, round_trip, outcome, preserved)
             if stop_early and outcome.failures:
                 return
 
@@ -1089,6 +1472,19 @@ def _candidates(prog: Program):
             yield dataclasses.replace(prog, returns=prog.returns[:i] + prog.returns[i + 1:])
     for body in _variants(prog.body):
         yield dataclasses.replace(prog, body=body)
+    for name in prog.inits:
+        if ".tie" in name:  # a tie dropped
+            yield dataclasses.replace(prog, inits={n: line for n, line in prog.inits.items() if n != name})
+    if prog.export:
+        yield dataclasses.replace(prog, export=None, preserved=())
+        if prog.preserved:
+            yield dataclasses.replace(prog, preserved=())
+        body, returns = prog.export
+        for i in range(len(returns)):
+            if len(returns) > 1:
+                yield dataclasses.replace(prog, export=(body, returns[:i] + returns[i + 1:]))
+        for variant in _variants(body):
+            yield dataclasses.replace(prog, export=(variant, returns))
 
 
 def _size(prog: Program) -> int:
@@ -1187,14 +1583,19 @@ class Summary:
     round_trip_alike: int = 0
     round_trip_torch_differs: int = 0
     round_trip_skipped: int = 0
+    double_backward_skipped: int = 0
+    shares: int = 0  # programs whose original shares a tensor between attributes
+    exported: int = 0  # programs with an exported method
     failures: List[Tuple[int, Program, List[str]]] = dataclasses.field(default_factory=list)
 
 
 def run(programs: int, seed: int, start: int = 0, shrink_failures: bool = True,
         emit_dir: Optional[str] = None, verbose: bool = False, log=print,
-        round_trip_every: int = 1) -> Summary:
-    """Checks programs start..start+programs-1 of `seed`; those whose index
-    is a multiple of `round_trip_every` (none if 0) also after save/load."""
+        round_trip_every: int = 1, modes: Sequence[str] = tuple(MODES),
+        features: Sequence[str] = tuple(FEATURES)) -> Summary:
+    """Checks programs start..start+programs-1 of `seed`, drawn with
+    `features`, in `modes`; those whose index is a multiple of
+    `round_trip_every` (none if 0) also after save/load."""
     summary = Summary()
     for index in range(start, start + programs):
         round_trip = round_trip_every > 0 and index % round_trip_every == 0
@@ -1202,9 +1603,9 @@ def run(programs: int, seed: int, start: int = 0, shrink_failures: bool = True,
         # `programs` counts checked programs; the redraw is still a function
         # of (seed, index).
         for attempt in range(20):
-            prog = generate(seed, index * 100 + attempt)
+            prog = generate(seed, index * 100 + attempt, features)
             try:
-                outcome = check_program(prog, seed=index, round_trip=round_trip)
+                outcome = check_program(prog, seed=index, round_trip=round_trip, modes=modes)
                 break
             except Invalid:
                 summary.invalid += 1
@@ -1219,6 +1620,9 @@ def run(programs: int, seed: int, start: int = 0, shrink_failures: bool = True,
         summary.round_trip_alike += outcome.round_trip_alike
         summary.round_trip_torch_differs += outcome.round_trip_torch_differs
         summary.round_trip_skipped += outcome.round_trip_skipped
+        summary.double_backward_skipped += outcome.double_backward_skipped
+        summary.shares += outcome.shares
+        summary.exported += prog.export is not None
         if not outcome.failures:
             summary.passed += 1
             if verbose:
@@ -1232,15 +1636,26 @@ def run(programs: int, seed: int, start: int = 0, shrink_failures: bool = True,
             first = outcome.failures[0]
             # NB: float32 is judged against the float64 results.
             dtypes = ["float64", "float32"] if "float32" in first else ["float64"]
-            modes = [m for m in MODES if f" {m}" in first] or list(MODES)
+            shrink_modes = [m for m in modes if f" {m}" in first] or list(modes)
             require = AFTER_SAVE_LOAD if AFTER_SAVE_LOAD in first else ""
-            prog = shrink(prog, index, dtypes, modes, require=require)
+            prog = shrink(prog, index, dtypes, shrink_modes, require=require)
         log(textwrap.indent(prog.source(), "    "))
         log(f"    inputs: {[list(s) for _, s in prog.live_inputs()]}, check seed {index}")
         summary.failures.append((index, prog, outcome.failures))
         if emit_dir:
             log("    regression: " + emit_regression(emit_dir, prog, seed, index))
     return summary
+
+
+def _names(allowed: Sequence[str]):
+    def parse(text: str) -> List[str]:
+        names = [] if text == "none" else [n.strip() for n in text.split(",") if n.strip()]
+        unknown = [n for n in names if n not in allowed]
+        if unknown:
+            raise argparse.ArgumentTypeError(f"unknown {unknown}; expected a comma-separated subset of "
+                                             f"{','.join(allowed)}")
+        return names
+    return parse
 
 
 def main(argv=None) -> int:
@@ -1253,20 +1668,28 @@ def main(argv=None) -> int:
     ap.add_argument("--round-trip-every", type=int, default=1, metavar="K",
                     help="also check the optimized modules after torch.jit.save/load in programs "
                          "whose index is a multiple of K (default 1: all; 0: none)")
+    ap.add_argument("--modes", default=",".join(MODES), type=_names(MODES),
+                    help="comma-separated modes to check (default: all, %(default)s)")
+    ap.add_argument("--features", default=",".join(FEATURES), type=_names(FEATURES),
+                    help="comma-separated program features to draw, or 'none' (default: all, %(default)s); "
+                         "without them a program is the one drawn before they existed")
     ap.add_argument("--show", action="store_true", help="print the programs' source and exit")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     if args.show:
         for index in range(args.start, args.start + args.programs):
-            print(f"# program {index}\n" + generate(args.seed, index * 100).source())
+            print(f"# program {index}\n" + generate(args.seed, index * 100, args.features).source())
         return 0
     t0 = time.monotonic()
     s = run(args.programs, args.seed, args.start, not args.no_shrink, args.emit_regressions, args.verbose,
-            round_trip_every=args.round_trip_every)
+            round_trip_every=args.round_trip_every, modes=args.modes, features=args.features)
     elapsed = time.monotonic() - t0
     print(f"seed {args.seed}, programs {args.start}..{args.start + args.programs - 1}: {elapsed:.0f} s; "
           f"{s.invalid} invalid draws redrawn; backward skipped (original raised) in {s.backward_skipped} steps; "
           f"{s.within_spread} differences within the original's rounding spread")
+    print(f"modes {','.join(args.modes)}; features {','.join(args.features) or 'none'}: {s.shares} programs "
+          f"with tied parameters or shared buffers, {s.exported} with an exported method; double backward "
+          f"skipped (original raised) in {s.double_backward_skipped} steps")
     print(f"after save/load: {s.round_trips} programs checked; {s.round_trip_alike} modes differed from the "
           f"original as torch's own module did after save/load, {s.round_trip_torch_differs} otherwise where torch's "
           f"own module differed too (not judged); {s.round_trip_skipped} modes not round-tripped "

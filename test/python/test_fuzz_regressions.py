@@ -1,9 +1,11 @@
 """Programs on which tools/fuzz_pass.py found torchfuse.optimize changing
 meaning (or raising), or reported a rounding difference as a failure,
 shrunk, kept as regression tests.  Each case runs the
-fuzzer's full check: training and eval steps of optimize(m), and
-optimize(m.eval(), freeze=True), in float64 and float32, comparing outputs,
-inputs, gradients and buffers with the original module."""
+fuzzer's full check (every mode of fuzz_pass.MODES): training and eval
+steps of optimize(m), optimize(m.eval(), freeze=True), the training steps
+under autocast and a double backward, in float64 and float32, comparing
+outputs, inputs, gradients, buffers and their sharing with the original
+module."""
 
 import os
 import sys
