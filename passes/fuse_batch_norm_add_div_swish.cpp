@@ -11,8 +11,9 @@
 //   (they differ where the incoming gradient is infinite).
 //
 // Matched: training a constant or a runtime bool; momentum and eps passed
-// through as values; bn as either add operand (alpha must be 1); add_ only
-// on the batch_norm output; d an int/float (literal, constant or attribute).
+// through as values; bn as either add operand (alpha must be 1), out of
+// place (add_ keeps the BN output's dtype where the op promotes:
+// addPromotes); d an int/float (literal, constant or attribute).
 // Excluded: running stats None or Tensor? (the op's stats are not optional:
 // TorchScript cannot express `Tensor(a!)?`), add alpha != 1, div by a Tensor
 // or with rounding_mode, a constant zero divisor (left to eager),
@@ -89,7 +90,7 @@ std::optional<Chain> matchAt(Node* swish, const AliasDb& db) {
   }
   const std::vector<Link> links = {
       {[](const Node* n) { return isBatchNorm(n); }, {}},
-      {[](const Node* n) { return isTensorAdd(n); }, {0, 1}},
+      {[](const Node* n) { return addPromotes(n); }, {0, 1}},
       {[](const Node* n) { return isScalarDivisor(n); }, {0}},
   };
   for (auto& c : matchChains(swish->input(sw->first)->node(), links)) {

@@ -8,10 +8,10 @@
 //   turned into these by Canonicalize)
 //   add(r, other, alpha)     r = relu(conv): any int/float alpha
 //   add(other, r, 1)         r as the scaled operand: alpha == 1 only
-//   relu_ / add_             only on the chain's fresh intermediate
+//   relu_                    only on the chain's fresh intermediate
 // Excluded: conv*d.padding (padding='same'/'valid', a str), `r + 1.0`
-// (add.Scalar), `other.add_(r)`, and chains whose intermediates have other
-// uses.
+// (add.Scalar), add_ (it keeps r's dtype where the op promotes:
+// addPromotes), and chains whose intermediates have other uses.
 
 #include <torch/csrc/jit/jit_log.h>
 
@@ -25,7 +25,7 @@ int64_t FuseConvReluAdd(std::shared_ptr<torch::jit::Graph>& graph) {
   const std::vector<Link> links = {
       {[](const Node* n) { return isIntListConv(n); }, {}},
       {[](const Node* n) { return isRelu(n); }, {0}},
-      {[](const Node* n) { return isTensorAdd(n); }, {0, 1}},
+      {[](const Node* n) { return addPromotes(n); }, {0, 1}},
   };
   const int64_t fused = fuseChains(
       graph, links, "torchfuse::custom_conv_relu_add",

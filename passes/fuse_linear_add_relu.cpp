@@ -4,11 +4,12 @@
 // Matched forms (after Inline + ConstantPropagation, any block):
 //   relu(add(lin, other, alpha))      any int/float alpha (it scales other)
 //   relu(add(other, lin, 1))          lin as the scaled operand: alpha == 1 only
-//   add_ / relu_                      only on the chain's fresh intermediate
+//   relu_                             only on the chain's fresh intermediate
 //   bias None, a Tensor or a Tensor?
-// Excluded: `lin + 1.0` (add.Scalar), `other.add_(lin)` (writes a live
-// tensor), `other + alpha * lin` with alpha != 1, and any chain whose
-// intermediate has another use (returned intermediates included).
+// Excluded: `lin + 1.0` (add.Scalar), add_ in either form (it keeps
+// self's dtype where the op promotes: addPromotes), `other + alpha * lin`
+// with alpha != 1, and any chain whose intermediate has another use
+// (returned intermediates included).
 
 #include <torch/csrc/jit/jit_log.h>
 
@@ -21,7 +22,7 @@ int64_t FuseLinearAddRelu(std::shared_ptr<torch::jit::Graph>& graph) {
   // linear -> add (either operand) -> relu
   const std::vector<Link> links = {
       {[](const Node* n) { return isLinear(n); }, {}},
-      {[](const Node* n) { return isTensorAdd(n); }, {0, 1}},
+      {[](const Node* n) { return addPromotes(n); }, {0, 1}},
       {[](const Node* n) { return isRelu(n); }, {0}},
   };
   const int64_t fused = fuseChains(

@@ -50,6 +50,10 @@ bool isTensorAdd(const Node* n, bool allow_inplace) {
       isTensor(n->input(1)) && isIntOrFloat(n->input(2));
 }
 
+bool addPromotes(const Node* n) {
+  return isTensorAdd(n, /*allow_inplace=*/false);
+}
+
 bool isLinear(const Node* n) {
   return hasSchema(n, "aten::linear", "") && n->inputs().size() == 3 &&
       isTensor(n->input(0)) && isTensor(n->input(1)) &&

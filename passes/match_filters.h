@@ -33,6 +33,10 @@ bool isRelu(const Node* n, bool allow_inplace = true);
 // aten::add.Tensor / aten::add_.Tensor with a Tensor `other` and an int or
 // float alpha.
 bool isTensorAdd(const Node* n, bool allow_inplace = true);
+// aten::add.Tensor, out of place (addPromotes): the fused ops compute add,
+// whose result takes the promoted dtype of both operands, while add_ keeps
+// self's (a float32 `other` on a bfloat16 intermediate under autocast).
+bool addPromotes(const Node* n);
 // aten::linear(Tensor input, Tensor weight, Tensor? bias).
 bool isLinear(const Node* n);
 // aten::conv{1,2,3}d with int-list stride/padding/dilation (not .padding).

@@ -42,7 +42,7 @@ class LinearAddRelu(nn.Module):
     def forward(self, x, r):
         y = self.fc(x)
         if self.inplace:
-            y += r
+            y = y + r
             return y.relu_()
         s = r + y if self.swap else y + r
         if self.functional_relu:
@@ -193,6 +193,30 @@ def test_linear_add_relu(kwargs, dtype):
     assert torchfuse.report(opt)["linear_add_relu"] == 1
     x, r = torch.randn(5, 4, dtype=dtype), torch.randn(5, 3, dtype=dtype)
     _check_same(ref, opt, [x, r])
+
+
+class InPlaceAddRelu(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x, r):
+        y = self.fc(x)
+        y += r
+        return torch.relu(y)
+
+
+def test_inplace_add_keeps_its_dtype_and_is_not_fused():
+    # addPromotes: `y += r` keeps y's dtype where `y + r` (and the fused op)
+    # would promote to r's.
+    torch.manual_seed(0)
+    ref, src = _twin(InPlaceAddRelu(), torch.float32)
+    opt = _optimize(src)
+    FileCheck().check_not("torchfuse::custom_linear_add_relu").check("aten::add_").run(opt.graph)
+    x, r = torch.randn(5, 4), torch.randn(5, 3, dtype=torch.float64)
+    out = opt(x, r)
+    assert out.dtype == ref(x, r).dtype == torch.float32
+    torch.testing.assert_close(out, ref(x, r))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

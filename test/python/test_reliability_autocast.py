@@ -297,8 +297,15 @@ def _check(name, device, dtype, freeze, mode=contextlib.nullcontext, runs=3, bac
     for key, p in pa.items():
         assert p.grad is not None and pb[key].grad is not None, key
         _no_worse(pb[key].grad, p.grad, p64[key].grad, dtype)
+    # NB: on the CPU the statistics come from the original's ATen ops; the
+    # CUDA kernels reduce in another order, so there they are judged against
+    # the float64 model's.
+    buffers64 = dict(model64.named_buffers())
     for (key, a), (_, b) in zip(ref.named_buffers(), opt.named_buffers()):
-        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=key)
+        if device == "cpu" or not a.is_floating_point():
+            torch.testing.assert_close(b, a, rtol=0, atol=0, msg=key)
+        else:
+            _no_worse(b, a, buffers64[key], dtype)
 
 
 @contextlib.contextmanager

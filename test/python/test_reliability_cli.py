@@ -309,9 +309,13 @@ def _limit_address_space(gib):
 
 
 def _run_limited(cli, *args, gib=8):
+    # NB: the CUDA driver reserves more address space than the limit allows;
+    # torch warns on stderr when its device query fails there, so the
+    # limited (CPU) runs hide the GPUs.
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     return subprocess.run(
         [str(cli), *map(str, args)], capture_output=True, text=True, timeout=300,
-        preexec_fn=_limit_address_space(gib))
+        preexec_fn=_limit_address_space(gib), env=env)
 
 
 def _machine_bytes():

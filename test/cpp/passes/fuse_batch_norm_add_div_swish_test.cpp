@@ -101,12 +101,17 @@ TEST(FuseBatchNormAddDivSwish, PassesTheSwishSpellingToTheOp) {
   }
 }
 
-TEST(FuseBatchNormAddDivSwish, FusesBatchNormAsSecondOperandAndInPlaceAdd) {
+TEST(FuseBatchNormAddDivSwish, FusesBatchNormAsSecondOperand) {
   Chain c;
   c.add = "aten::add(%other, %y, %one)";
   expectFused(c);
+}
+
+// addPromotes: add_ keeps the batch_norm output's dtype, the op promotes.
+TEST(FuseBatchNormAddDivSwish, LeavesInPlaceAddOnTheBatchNormOutput) {
+  Chain c;
   c.add = "aten::add_(%y, %other, %one)";
-  expectFused(c);
+  expectUnchanged(ir(c), run);
 }
 
 TEST(FuseBatchNormAddDivSwish, FusesNoneWeightAndBiasAndIntDivisor) {

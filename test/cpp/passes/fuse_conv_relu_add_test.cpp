@@ -76,8 +76,13 @@ TEST(FuseConvReluAdd, PassesAlphaThatScalesOther) {
       ->run(*graph);
 }
 
-TEST(FuseConvReluAdd, FusesInPlaceReluAndAddOnFreshIntermediates) {
-  expectFused(chain("aten::conv2d", "aten::relu_", "aten::add_(%r, %other, %one)"));
+TEST(FuseConvReluAdd, FusesInPlaceReluOnAFreshIntermediate) {
+  expectFused(chain("aten::conv2d", "aten::relu_", "aten::add(%r, %other, %one)"));
+}
+
+// addPromotes: add_ keeps the relu output's dtype, the op promotes.
+TEST(FuseConvReluAdd, LeavesInPlaceAddOnAFreshIntermediate) {
+  expectUnchanged(chain("aten::conv2d", "aten::relu", "aten::add_(%r, %other, %one)"), run);
 }
 
 TEST(FuseConvReluAdd, RecursesIntoIfAndLoopBodies) {

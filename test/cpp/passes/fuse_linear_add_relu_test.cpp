@@ -85,14 +85,25 @@ graph(%x : Tensor, %w : Tensor, %b : Tensor, %r : Tensor):
   FileCheck().check("prim::Constant[value=2.5]")->check("torchfuse::custom_linear_add_relu(%x, %w, %b, %r, ")->run(*graph);
 }
 
-TEST(FuseLinearAddRelu, FusesInPlaceAddAndReluOnFreshIntermediates) {
+TEST(FuseLinearAddRelu, FusesInPlaceReluOnAFreshIntermediate) {
   expectFused(R"IR(
 graph(%x : Tensor, %w : Tensor, %b : Tensor, %r : Tensor):
   %one : int = prim::Constant[value=1]()
   %y : Tensor = aten::linear(%x, %w, %b)
-  %s : Tensor = aten::add_(%y, %r, %one)
+  %s : Tensor = aten::add(%y, %r, %one)
   %o : Tensor = aten::relu_(%s)
   return (%o))IR");
+}
+
+// addPromotes: add_ keeps the linear output's dtype, the op promotes.
+TEST(FuseLinearAddRelu, LeavesInPlaceAddOnAFreshIntermediate) {
+  expectUnchanged(R"IR(
+graph(%x : Tensor, %w : Tensor, %b : Tensor, %r : Tensor):
+  %one : int = prim::Constant[value=1]()
+  %y : Tensor = aten::linear(%x, %w, %b)
+  %s : Tensor = aten::add_(%y, %r, %one)
+  %o : Tensor = aten::relu(%s)
+  return (%o))IR", run);
 }
 
 TEST(FuseLinearAddRelu, RecursesIntoIfBlocks) {
