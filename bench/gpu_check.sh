@@ -89,7 +89,7 @@ fi
 if has_stage test; then
   if [ $built = 1 ]; then
     reserve=$(has_stage bench && echo 200 || echo 10)
-    t=$(min 260 "$(( $(left) - reserve ))")
+    t=$(min 450 "$(( $(left) - reserve ))")
     if [ "$t" -lt 30 ]; then t=30; fi
     say "== tests (tools/run_tests.sh, limit ${t} s)"
     t0=$(date +%s)

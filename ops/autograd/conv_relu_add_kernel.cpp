@@ -66,7 +66,11 @@ class ConvReluAddFunction : public torch::autograd::Function<ConvReluAddFunction
     };
     const auto other_sizes = ctx->saved_data["other_sizes"].toIntVector();
     const auto& weight = saved[1];
-    const bool channel_other = needs(3) &&
+    // NB: a scalar-like other's gradient sums every element: ATen's
+    // reduction accumulates it in float32, where a sum of per-channel sums,
+    // each rounded to a 16-bit gradient's dtype, loses accuracy.
+    const bool scalar_like = c10::multiply_integers(other_sizes) == 1;
+    const bool channel_other = needs(3) && !scalar_like &&
         channelShaped(other_sizes, saved[0].dim(), weight.dim() - 2, weight.size(0));
     auto [grad_input, grad_weight, grad_bias, grad_channels] = convReluAddBackward(
         grads[0], saved[2], saved[0], weight,
@@ -77,10 +81,8 @@ class ConvReluAddFunction : public torch::autograd::Function<ConvReluAddFunction
         {needs(0), needs(1), needs(2), channel_other});
     at::Tensor grad_other;
     if (needs(3)) {
-      const bool scalar_like = c10::multiply_integers(other_sizes) == 1;
-      grad_other = channel_other
-          ? (scalar_like ? grad_channels.sum() : grad_channels).reshape(other_sizes)
-          : grads[0].sum_to_size(other_sizes);
+      grad_other = channel_other ? grad_channels.reshape(other_sizes)
+                                 : grads[0].sum_to_size(other_sizes);
       grad_other = scaledBy(grad_other, ctx->saved_data["alpha"].toScalar());
     }
     return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(),
