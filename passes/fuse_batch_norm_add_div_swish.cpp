@@ -73,9 +73,11 @@ bool accept(const Chain& c, const AliasDb& db) {
     return false;
   }
   // NB: the op saves `other` and the BN bias to recompute t in its
-  // backward; the unfused chain saves neither, so it trains even when they
-  // are written after the chain.
-  if (!notWrittenAfter(db, bn, {c.otherOperand(1), bn->input(2)})) {
+  // backward, and in eval mode reads the running statistics there too; the
+  // unfused chain saves none of them, so it trains even when they are
+  // written after the chain (another batch_norm in training mode on the
+  // same statistics, say).
+  if (!notWrittenAfter(db, bn, {c.otherOperand(1), bn->input(2), rm, rv})) {
     return false;
   }
   std::vector<Node*> between = {add, div};
