@@ -260,6 +260,13 @@ TEST(FuseBatchNormAddDivSwish, SkipsWhenOtherIsWrittenAfterTheChain) {  // notWr
   expectUnchanged(ir(c), run);
 }
 
+TEST(FuseBatchNormAddDivSwish, SkipsWhenARunningStatisticIsWrittenAfterTheChain) {  // notWrittenAfter
+  // The eval-mode op reads the running statistics in its backward.
+  Chain c;
+  c.swish += "\n  %z : Tensor = aten::mul_(%rv, %one)";
+  expectUnchanged(ir(c), run);
+}
+
 TEST(FuseBatchNormAddDivSwish, SkipsWhenBiasIsWrittenInALaterIteration) {  // notWrittenAfter
   expectUnchanged(R"IR(
 graph(%x : Tensor, %b : Tensor, %rm : Tensor, %rv : Tensor, %n : int, %d : float):
