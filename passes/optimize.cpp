@@ -185,9 +185,10 @@ FusionReport fuseGraph(
   counts.nodes_before = passes::countNodes(graph->block());
   passes::Canonicalize(graph);
   for (const auto& f : fusions()) {
-    counts.fused[f.name] =
-        passes.empty() || contains(passes, f.name) ? f.run(graph) : 0;
+    const bool run = passes.empty() ? f.by_default : contains(passes, f.name);
+    counts.fused[f.name] = run ? f.run(graph) : 0;
   }
+  passes::RestoreInPlace(graph);
   counts.nodes_after = passes::countNodes(graph->block());
   return counts;
 }

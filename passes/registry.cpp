@@ -1,6 +1,7 @@
 // The one table of fusions.  NB: the order is the pipeline's: the chain
 // fusions first (the conv chain before linear, so neither takes the other's
 // relu), ReplaceRelu last, so it only takes relus no chain claimed.
+// ReplaceRelu runs only when named.
 
 #include "torchfuse/registry.h"
 
@@ -13,20 +14,26 @@ const std::vector<Fusion>& fusions() {
       {"conv_relu_add",
        "conv{1,2,3}d → relu → add",
        {"torchfuse::custom_conv_relu_add"},
-       &passes::FuseConvReluAdd},
+       &passes::FuseConvReluAdd,
+       true},
       {"linear_add_relu",
        "linear → add → relu",
        {"torchfuse::custom_linear_add_relu"},
-       &passes::FuseLinearAddRelu},
+       &passes::FuseLinearAddRelu,
+       true},
       {"batch_norm_add_div_swish",
        "batch_norm → add → div → x*sigmoid(x)",
        {"torchfuse::custom_batch_norm_add_div_swish",
         "torchfuse::custom_batch_norm_add_div_swish_eval"},
-       &passes::FuseBatchNormAddDivSwish},
+       &passes::FuseBatchNormAddDivSwish,
+       true},
       {"relu",
        "a standalone relu",
        {"torchfuse::custom_relu"},
-       &passes::ReplaceRelu},
+       &passes::ReplaceRelu,
+       // NB: one elementwise op for another moves the same bytes, and on
+       // CUDA it splits the NNC fusion group the relu would have joined.
+       false},
   };
   return table;
 }

@@ -1164,10 +1164,12 @@ def check_source(
 
 def _optimize(module, freeze: bool, preserved: Sequence[str]):
     """torchfuse.optimize; with preserved attributes (frozen programs with
-    an exported method) through its preserved_attrs keyword."""
+    an exported method) through its preserved_attrs keyword.  Every pass
+    runs, the ones only run when named (relu) included."""
+    passes = torchfuse.pass_names()
     if freeze and preserved:
-        return torchfuse.optimize(module, freeze=True, preserved_attrs=list(preserved))
-    return torchfuse.optimize(module, freeze=freeze)
+        return torchfuse.optimize(module, freeze=True, passes=passes, preserved_attrs=list(preserved))
+    return torchfuse.optimize(module, freeze=freeze, passes=passes)
 
 
 def _script_and_optimize(model, freeze: bool, what: str, outcome: Outcome, preserved: Sequence[str] = ()):

@@ -25,7 +25,8 @@ struct OptimizeOptions {
   // already); BatchNorm is kept for our fusion rather than folded into the
   // preceding layer.
   bool freeze = false;
-  // Names from passNames() to run, in the pipeline's own order; empty = all.
+  // Names from passNames() to run, in the pipeline's own order; empty = the
+  // fusions that are on by default (Fusion::by_default).
   std::vector<std::string> passes;
   // With freeze: attributes and methods (e.g. @torch.jit.export ones) that
   // freezing keeps, as torch.jit.freeze's preserved_attrs; "sub.name" names
@@ -46,8 +47,8 @@ struct FusionReport {
   int64_t nodes_after = 0;
 };
 
-// Runs Canonicalize and then the fusions named in `passes` (empty: all) in
-// the registry's order on `graph`, in place.  The graph should be inlined
+// Runs Canonicalize, then the fusions named in `passes` (empty: those on by
+// default) in the registry's order, then RestoreInPlace, on `graph`, in place.  The graph should be inlined
 // and constant-propagated.  Throws c10::Error for an unknown pass name.
 TORCHFUSE_API FusionReport fuseGraph(
     std::shared_ptr<torch::jit::Graph>& graph,

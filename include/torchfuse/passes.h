@@ -14,8 +14,11 @@
 namespace torchfuse::passes {
 
 // Normalizes graphs for the fusions: traced aten::_convolution -> conv{1,2,3}d,
-// add_/relu_ on fresh unaliased tensors -> add/relu.
+// relu_ on fresh unaliased tensors -> relu.
 TORCHFUSE_API void Canonicalize(std::shared_ptr<torch::jit::Graph>& graph);
+// After the fusions: turns the relus Canonicalize made from relu_ and no
+// fusion took back into relu_.  Returns how many.
+TORCHFUSE_API int64_t RestoreInPlace(std::shared_ptr<torch::jit::Graph>& graph);
 
 // linear -> add -> relu  =>  torchfuse::custom_linear_add_relu
 TORCHFUSE_API int64_t FuseLinearAddRelu(std::shared_ptr<torch::jit::Graph>& graph);

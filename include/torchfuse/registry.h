@@ -25,6 +25,11 @@ struct Fusion {
   std::vector<std::string> ops;
   // Rewrites every match in a graph and its sub-blocks; returns the count.
   int64_t (*run)(std::shared_ptr<torch::jit::Graph>&);
+  // Whether it runs when no passes are named.  Only a fusion that removes
+  // memory traffic the executor would not remove anyway (NNC's fusion
+  // groups, cuDNN's own epilogues) is on by default: docs/passes.md, "Do no
+  // harm".
+  bool by_default;
 };
 
 // Every fusion, in the order the pipeline runs them.

@@ -62,6 +62,7 @@ py::list fusionsList() {
     d["name"] = f.name;
     d["chain"] = f.chain;
     d["ops"] = f.ops;
+    d["by_default"] = f.by_default;
     l.append(d);
   }
   return l;
@@ -83,7 +84,7 @@ PYBIND11_MODULE(_C, m) {
         "optimize(torch._C.ScriptModule, freeze, passes, preserved_attrs) -> "
         "(ScriptModule, dict)");
   m.def("fusions", &fusionsList,
-        "The fusion registry in pipeline order: [{name, chain, ops}]");
+        "The fusion registry in pipeline order: [{name, chain, ops, by_default}]");
   m.def("fuse_graph",
         [](std::shared_ptr<torch::jit::Graph> graph,
            const std::vector<std::string>& passes) {

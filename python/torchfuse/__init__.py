@@ -55,7 +55,8 @@ def pass_names() -> list:
 
 def fusions() -> list:
     """The fusion registry, in pipeline order: one dict per fusion with its
-    pass ``name``, the ``chain`` it matches and the ``ops`` it inserts."""
+    pass ``name``, the ``chain`` it matches, the ``ops`` it inserts and
+    whether it runs when no passes are named (``by_default``)."""
     return list(_C.fusions())
 
 
@@ -118,7 +119,8 @@ def optimize(
     preceding layer; ``preserved_attrs`` names the attributes and methods
     (e.g. ``@torch.jit.export`` ones; ``"sub.name"`` for a submodule's)
     that freezing keeps, as in ``torch.jit.freeze``.
-    ``passes`` selects among :func:`pass_names` (default: all).
+    ``passes`` selects among :func:`pass_names` (default: the fusions whose
+    ``by_default`` is true, see :func:`fusions`).
     """
     c = _script_module_c(module, "optimize")
     names = _names(passes, "passes", "pass names")
@@ -129,8 +131,9 @@ def optimize(
 
 def fuse_graph(graph: torch._C.Graph, passes: Optional[Iterable[str]] = None) -> Dict[str, int]:
     """Runs the pipeline's graph stage on ``graph`` in place: the
-    canonicalization, then the fusions (``passes``, default all) in the
-    registry's order.  Returns how many chains each fused, with
+    canonicalization, then the fusions (``passes``, default those on by
+    default) in the registry's order, then the in-place relus no fusion took
+    restored.  Returns how many chains each fused, with
     ``nodes_before`` and ``nodes_after``.  The graph should be inlined and
     constant-propagated, and must not have been executed yet."""
     if not isinstance(graph, torch._C.Graph):

@@ -139,7 +139,8 @@ def _script(m, dtype):
 
 
 def _optimize(scripted, freeze=False):
-    out = torchfuse.optimize(scripted, freeze=freeze)
+    # NB: every pass, the opt-in ones (relu) included
+    out = torchfuse.optimize(scripted, freeze=freeze, passes=torchfuse.pass_names())
     assert isinstance(out, torch.jit.ScriptModule)
     return out
 
@@ -635,3 +636,28 @@ def test_relu_inplace_on_a_buffer_stays_inplace():
         torch.testing.assert_close(opt(x), ref(x))
     assert bool((opt.state >= 0).all())
     torch.testing.assert_close(opt.state, ref.state)
+
+
+class _ConvBnReluInPlace(nn.Module):
+    """torchvision's block: no chain torchfuse fuses by default."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(4)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return self.relu(self.bn(self.conv(x)))
+
+
+@pytest.mark.parametrize("freeze", [False, True])
+def test_unfused_in_place_relu_stays_in_place(freeze):
+    """Canonicalize makes relu_ functional for matching; with no fusion
+    taking it, the optimized graph keeps relu_ (no extra allocation)."""
+    torch.manual_seed(0)
+    ref, src = _twin(_ConvBnReluInPlace().train(not freeze), torch.float32)
+    opt = torchfuse.optimize(src, freeze=freeze)
+    FileCheck().check("aten::relu_(").check_not("aten::relu(").run(opt.graph)
+    assert not any(torchfuse.report(opt).values())
+    _check_same(ref, opt, [torch.randn(2, 3, 5, 5)], frozen=freeze)

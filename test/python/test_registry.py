@@ -41,6 +41,7 @@ def _docs_table():
                 "name": cells[0].strip("`"),
                 "chain": cells[1],
                 "ops": re.findall(r"`([^`]+)`", cells[2]),
+                "by_default": {"yes": True, "no": False}[cells[3]],
             }
         )
     return rows
@@ -68,9 +69,12 @@ class _LinearAddRelu(torch.nn.Module):
 
 def test_reports_have_one_key_per_registry_entry():
     m = torch.jit.script(_LinearAddRelu())
-    opt = torchfuse.optimize(m)
+    opt = torchfuse.optimize(m, passes=torchfuse.pass_names())
     counts = torchfuse.report(opt)
     assert counts == {"conv_relu_add": 0, "linear_add_relu": 1, "batch_norm_add_div_swish": 0, "relu": 1}
+    # the standalone relu removes no memory traffic: only when named
+    assert torchfuse.report(torchfuse.optimize(m)) == {**counts, "relu": 0}
+    assert [f["name"] for f in torchfuse.fusions() if not f["by_default"]] == ["relu"]
     assert set(torchfuse.report(m)) == set(torchfuse.pass_names())
     assert not any(torchfuse.report(m).values())
 

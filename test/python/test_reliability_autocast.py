@@ -229,7 +229,7 @@ def _pair(name, device, freeze):
     if freeze:
         ref.eval()
         src.eval()
-    opt = torchfuse.optimize(src, freeze=freeze)
+    opt = torchfuse.optimize(src, freeze=freeze, passes=torchfuse.pass_names())
     FileCheck().check(f"torchfuse::{model.op}").run(opt.graph)
     return model, ref, opt
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "torchfuse/optimize.h"
+#include "torchfuse/registry.h"
 
 namespace torchfuse::tools {
 namespace {
@@ -267,10 +268,15 @@ namespace {
 
 // The pass names, comma-separated, wrapped to `width` columns with
 // continuation lines indented by `indent` (the help's second column).
-std::string wrapNames(size_t indent, size_t width) {
-  std::string text;
-  size_t column = indent + std::string("default: all of ").size();
-  const auto& names = torchfuse::passNames();
+// "prefix a, b, c" wrapped at `width`, continuation lines at `indent`; the
+// first line starts at column `indent` too.
+std::string wrapNames(
+    const std::string& prefix,
+    const std::vector<std::string>& names,
+    size_t indent,
+    size_t width) {
+  std::string text = prefix;
+  size_t column = indent + prefix.size();
   for (size_t i = 0; i < names.size(); ++i) {
     const std::string item = names[i] + (i + 1 < names.size() ? "," : "");
     if (i > 0 && column + 1 + item.size() > width) {
@@ -282,6 +288,19 @@ std::string wrapNames(size_t indent, size_t width) {
     }
     text += item;
     column += item.size();
+  }
+  return text;
+}
+
+std::string defaultPassesText() {
+  std::vector<std::string> on;
+  std::vector<std::string> off;
+  for (const auto& f : torchfuse::fusions()) {
+    (f.by_default ? on : off).push_back(f.name);
+  }
+  auto text = wrapNames("default: ", on, 24, 78);
+  if (!off.empty()) {
+    text += "\n" + std::string(24, ' ') + wrapNames("only when named: ", off, 24, 78);
   }
   return text;
 }
@@ -310,7 +329,7 @@ options:
                         @torch.jit.export one; sub.name for a submodule's)
                         through freezing; repeat it or give a comma list
   --passes=a,b,...      run only these passes (in the pipeline's own order);
-                        default: all of )" + wrapNames(24, 78) + R"(
+                        )" + defaultPassesText() + R"(
   --check               run the original and the optimized model on the same
                         random inputs, print the max absolute and relative
                         error and the time of each, and fail (exit 5, nothing

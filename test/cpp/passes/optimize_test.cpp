@@ -33,7 +33,7 @@ TEST(Optimize, ReturnsANewModuleAndLeavesTheInputUnchanged) {
   auto m = linearModule();
   const auto before = m.get_method("forward").graph()->toString();
   FusionReport report;
-  auto out = optimize(m, {}, &report);
+  auto out = optimize(m, OptimizeOptions{false, {"linear_add_relu", "relu"}}, &report);
   EXPECT_EQ(report.fused.at("linear_add_relu"), 1);
   EXPECT_EQ(report.fused.at("relu"), 1);
   EXPECT_EQ(report.fused.at("conv_relu_add"), 0);
@@ -60,6 +60,20 @@ TEST(Optimize, FreezesInEvalMode) {
   auto out = optimize(m, OptimizeOptions{true, {}});
   FileCheck().check("torchfuse::custom_linear_add_relu")->check_not("prim::GetAttr")
       ->run(*out.get_method("forward").graph());
+}
+
+// ReplaceRelu removes no memory traffic (Fusion::by_default): it runs only
+// when named.
+TEST(Optimize, RunsOnlyTheFusionsOnByDefaultWhenNoneAreNamed) {
+  FusionReport report;
+  auto out = optimize(linearModule(), {}, &report);
+  EXPECT_EQ(report.fused.at("linear_add_relu"), 1);
+  EXPECT_EQ(report.fused.at("relu"), 0);
+  FileCheck().check("torchfuse::custom_linear_add_relu")->check_not("torchfuse::custom_relu(")
+      ->check("aten::relu(")->run(*out.get_method("forward").graph());
+  for (const auto& f : torchfuse::fusions()) {
+    EXPECT_EQ(f.by_default, f.name != "relu") << f.name;
+  }
 }
 
 TEST(Optimize, RunsOnlyTheSelectedPasses) {
@@ -352,8 +366,44 @@ graph(%x : Tensor, %w : Tensor, %r : Tensor):
   return (%o, %q))IR");
   passes::Canonicalize(graph);
   graph->lint();
-  FileCheck().check("aten::add_(")->check("aten::relu(")->check("aten::relu_(%r")->run(*graph);
+  FileCheck().check("aten::add_(")->check("aten::relu[")->check("aten::relu_(%r")->run(*graph);
   FileCheck().check_not("aten::add(")->run(*graph);
+}
+
+// The relus Canonicalize made and no fusion took go back in place; relus
+// that were functional in the original stay functional.
+TEST(RestoreInPlace, UndoesCanonicalizeForUnfusedRelus) {
+  auto graph = passes::testing::parse(R"IR(
+graph(%x : Tensor, %w : Tensor):
+  %none : NoneType = prim::Constant()
+  %y : Tensor = aten::linear(%x, %w, %none)
+  %t : Tensor = aten::relu_(%y)
+  %z : Tensor = aten::mul(%y, %x)
+  %u : Tensor = aten::relu(%z)
+  return (%t, %y, %u))IR");
+  passes::Canonicalize(graph);
+  FileCheck().check_not("aten::relu_")->run(*graph);
+  EXPECT_EQ(passes::RestoreInPlace(graph), 1);
+  graph->lint();
+  // the relu_ writes the linear's output; the original relu reads the mul's
+  FileCheck().check("aten::linear(")->check_count("aten::relu_(", 1, /*exactly=*/true)
+      ->check("aten::mul(")->check("aten::relu(")->run(*graph);
+  FileCheck().check_count("aten::relu(", 1, /*exactly=*/true)
+      ->check_not("torchfuse_from_inplace")->run(*graph);
+}
+
+// A relu whose input is read after it (here by a node placed later) stays
+// functional: relu_ there would change what that reader sees.
+TEST(RestoreInPlace, KeepsAReluWhoseInputIsReadLaterFunctional) {
+  auto graph = passes::testing::parse(R"IR(
+graph(%x : Tensor):
+  %y : Tensor = aten::neg(%x)
+  %t : Tensor = aten::relu[torchfuse_from_inplace=1](%y)
+  %z : Tensor = aten::mul(%y, %t)
+  return (%z))IR");
+  EXPECT_EQ(passes::RestoreInPlace(graph), 0);
+  FileCheck().check("aten::neg(")->check("aten::relu(")->check_not("aten::relu_(")
+      ->check_not("torchfuse_from_inplace")->run(*graph);
 }
 
 } // namespace
