@@ -7,12 +7,12 @@ workload, in one run (docs/kernels/conv_relu_add.md records the results).
 x[128, 64, 128, 128] float32 NCHW, Conv2d 64->128 3x3 with bias, relu, +
 b2[128, 1, 1], under PyTorch's default flags (cuDNN TF32 allowed).  Times are
 CUDA-event medians of --reps runs after 3 warm-ups.  Variants of the op:
-C (TORCHFUSE_CONV_CHANNELS_LAST=never: eager's NCHW convolution and one
-streaming pass), E (=always with TORCHFUSE_CONV_IMPLICIT_GEMM=never: the
-channels-last route with cuDNN's convolution), F (=always: the route
-with the sm_90 implicit-GEMM kernel, x converted by a pass before it,
-TORCHFUSE_CONV_CONVERSION=separate) and J (F with x converted inside the
-kernel by its CTAs' idle warps; also with each lookahead in images).  fwd+bwd: C (=never); H (the
+C (torchfuse.backends.conv.channels_last_route = "never": eager's NCHW
+convolution and one streaming pass), E ("always" with allow_implicit_gemm =
+False: the channels-last route with cuDNN's convolution), F ("always": the
+route with the sm_90 implicit-GEMM kernel, x converted by a pass before it,
+nchw_conversion = "separate") and J (F with x converted inside the kernel by
+its CTAs' idle warps; also with each conversion_lookahead in images).  fwd+bwd: C (=never); H (the
 settings of E: C's forward, the route's backward through cuDNN's
 channels-last gradient convolutions); I (the settings of F: F's forward
 with the relu mask, the input gradient by the implicit-GEMM kernel, the
@@ -34,21 +34,20 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
-import torchfuse  # noqa: E402,F401
+import torchfuse  # noqa: E402
 
 ops = torch.ops.torchfuse
-ROUTE = "TORCHFUSE_CONV_CHANNELS_LAST"
-IMPLICIT_GEMM = "TORCHFUSE_CONV_IMPLICIT_GEMM"
-CONVERSION = "TORCHFUSE_CONV_CONVERSION"
-VARIANTS = {"C": ("never", "never", "auto"), "E": ("always", "never", "auto"),
-            "F": ("always", "auto", "separate"), "J": ("always", "auto", "auto")}
-LOOKAHEADS = ("1", "2", "8", "64")
+# torchfuse.backends.conv settings: (channels_last_route, allow_implicit_gemm,
+# nchw_conversion), each forcing its strategy
+VARIANTS = {"C": ("never", False, "auto"), "E": ("always", False, "auto"),
+            "F": ("always", True, "separate"), "J": ("always", True, "auto")}
+LOOKAHEADS = (1, 2, 8, 64)
 
 
-def select(variant: str, conversion: str | None = None) -> None:
-    os.environ[ROUTE], os.environ[IMPLICIT_GEMM], os.environ[CONVERSION] = VARIANTS[variant]
-    if conversion is not None:
-        os.environ[CONVERSION] = conversion
+def select(variant: str, lookahead: int = 0) -> None:
+    conv = torchfuse.backends.conv
+    conv.channels_last_route, conv.allow_implicit_gemm, conv.nchw_conversion = VARIANTS[variant]
+    conv.conversion_lookahead = lookahead
 
 
 def median_ms(fn, reps: int) -> float:
@@ -87,8 +86,8 @@ def main() -> int:
     rows: dict[str, float] = {}
     errors: dict[str, float] = {}
 
-    def op(variant: str, with_grad: bool, conversion: str | None = None):
-        select(variant, conversion)
+    def op(variant: str, with_grad: bool, lookahead: int = 0):
+        select(variant, lookahead)
         if not with_grad:
             return lambda: ops.custom_conv_relu_add(x, w, b1, *conv_args, b2, 1.0)
         leaves = [t.detach().requires_grad_(True) for t in (x, w, b1, b2)]
@@ -181,8 +180,9 @@ def main() -> int:
                     kernels.setdefault(key, []).append(e.time_range.elapsed_us() / 1e3)
     names["RoundTf32 J"] = "kernel: the weight to [k][r][s][c] rounded to TF32 (J)"
     names["implicitGemmKernel J"] = "kernel: implicit-GEMM conv with epilogue, x converted inside (J)"
-    for name in (ROUTE, IMPLICIT_GEMM, CONVERSION):
-        os.environ.pop(name)
+    conv = torchfuse.backends.conv  # back to the defaults
+    conv.channels_last_route, conv.allow_implicit_gemm, conv.nchw_conversion = "auto", True, "auto"
+    conv.conversion_lookahead = 0
     for key, ts in kernels.items():
         # RoundTf32 runs twice per call (x, then the small weight): the max
         # of each pair is x's

@@ -16,6 +16,7 @@
 
 #include "ops/common/autograd_utils.h"
 #include "ops/common/checks.h"
+#include "ops/common/conv_composites.h"
 #include "ops/common/relu_mask.h"
 #include "torchfuse/ops.h"
 

@@ -124,65 +124,6 @@ at::Tensor convReluAddReference(
     const at::Tensor& other,
     const at::Scalar& alpha);
 
-// Eager's convolution (conv1d/2d/3d: every backend, unbatched inputs too) and
-// its backward, on any device.
-at::Tensor convolve(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups);
-std::tuple<at::Tensor, at::Tensor, at::Tensor> convolveBackward(
-    const at::Tensor& grad,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    std::array<bool, 3> output_mask);
-
-// Reference kernels: ATen compositions that run on any device.
-
-// The composites' pointwise part, on `conv`, the convolution of input and
-// weight (bias included) already computed: relu(conv) + alpha * other and,
-// with_mask, the ReLU mask in the order convMaskOrder(input, weight) defines
-// (else an undefined tensor).  input and weight serve only that order.
-// NB: one definition, which the composites and the CUDA kernel's fallback
-// both call, so a fallback need not compute the convolution again.
-std::tuple<at::Tensor, at::Tensor> convReluAddEpilogueComposite(
-    const at::Tensor& conv,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const at::Tensor& other,
-    const at::Scalar& alpha,
-    bool with_mask);
-
-at::Tensor convReluAddComposite(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    const at::Tensor& other,
-    const at::Scalar& alpha);
-
-// Also returns the ReLU mask of the conv output (convMaskBytes).
-std::tuple<at::Tensor, at::Tensor> convReluAddForwardComposite(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    const at::Tensor& other,
-    const at::Scalar& alpha);
-
 // custom_conv_relu_add_backward's result: (grad_input, grad_weight,
 // grad_bias, grad_channels), undefined where output_mask is false.
 // grad_channels is grad_output, summed to the conv output's shape, summed
@@ -191,21 +132,6 @@ std::tuple<at::Tensor, at::Tensor> convReluAddForwardComposite(
 // reduces it in the same pass that masks it).  The gradient of any other
 // `other` is grad_output itself, reduced by the caller.
 using ConvReluAddGrads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
-// grad_channels of a conv-output-shaped tensor: its sums over every
-// dimension but the channel one (1 when batched, else 0).
-at::Tensor convChannelSums(const at::Tensor& t, bool batched);
-
-ConvReluAddGrads convReluAddBackwardComposite(
-    const at::Tensor& grad_output,
-    const at::Tensor& mask,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    std::array<bool, 4> output_mask);
 
 std::tuple<at::Tensor, at::Tensor> convReluAddForward(
     const at::Tensor& input,

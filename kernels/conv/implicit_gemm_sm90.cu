@@ -165,7 +165,7 @@ __device__ __forceinline__ void barrierWait(uint32_t bar, uint32_t parity) {
       : "memory");
 }
 
-// Variant J: warps 1..3 of every CTA's producer warpgroup, idle
+// In-kernel conversion: warps 1..3 of every CTA's producer warpgroup, idle
 // otherwise, convert x from nchw into x_nhwc, rounded to TF32 to nearest
 // (cvt.rna, as transposeBatchedTf32).  An atomic counter hands out boxes of
 // 32 channels x 32 positions in image order, so whichever CTAs are resident

@@ -9,6 +9,7 @@ LtMatmulArgs baseArgs(const LinearGemmContext& ctx) {
   a.allow_tf32 = ctx.allow_tf32;
   a.workspace = ctx.workspace;
   a.workspace_size = ctx.workspace_size;
+  a.autotune = ctx.autotune;
   return a;
 }
 

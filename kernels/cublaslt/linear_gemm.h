@@ -39,6 +39,7 @@ struct LinearGemmContext {
   bool allow_tf32;  // float32 only
   void* workspace;
   size_t workspace_size;
+  bool autotune; // LtMatmulArgs::autotune
 };
 
 struct LinearForwardArgs {

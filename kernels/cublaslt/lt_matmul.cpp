@@ -4,8 +4,6 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -52,7 +50,7 @@ cublasLtEpilogue_t toCublasLtEpilogue(LtEpilogue e) {
   TORCH_INTERNAL_ASSERT(false, "unknown LtEpilogue ", static_cast<int>(e));
 }
 
-using PlanKey = std::array<int64_t, 20>;
+using PlanKey = std::array<int64_t, 21>;
 
 struct PlanKeyHash {
   size_t operator()(const PlanKey& key) const noexcept {
@@ -86,7 +84,8 @@ PlanKey makeKey(const LtMatmulArgs& a, int device) {
       a.c != nullptr ? pointerAlignment(a.c) : 0,
       pointerAlignment(a.d),
       has_bias ? pointerAlignment(a.bias) : 0,
-      static_cast<int64_t>(a.workspace_size)};
+      static_cast<int64_t>(a.workspace_size),
+      a.autotune};
 }
 
 // Everything cuBLASLt needs for one key.  The descriptor's bias pointer is
@@ -241,8 +240,7 @@ void build(Plan& plan, cublasLtHandle_t handle, const LtMatmulArgs& a, cudaStrea
   // illegal there, and the timed launches would be captured too.
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   C10_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  const int wanted =
-      ltAutotuneEnabled() && capture == cudaStreamCaptureStatusNone ? kMaxCandidates : 1;
+  const int wanted = a.autotune && capture == cudaStreamCaptureStatusNone ? kMaxCandidates : 1;
 
   std::array<cublasLtMatmulHeuristicResult_t, kMaxCandidates> results{};
   int found = 0;
@@ -270,14 +268,6 @@ void build(Plan& plan, cublasLtHandle_t handle, const LtMatmulArgs& a, cudaStrea
 }
 
 } // namespace
-
-bool ltAutotuneEnabled() {
-  static const bool enabled = [] {
-    const char* env = std::getenv("TORCHFUSE_CUBLASLT_AUTOTUNE");
-    return env == nullptr || std::strcmp(env, "0") != 0;
-  }();
-  return enabled;
-}
 
 bool ltMatmul(cublasLtHandle_t handle, const LtMatmulArgs& a, cudaStream_t stream) {
   TORCH_INTERNAL_ASSERT(a.m > 0 && a.n > 0 && a.k > 0);

@@ -7,12 +7,13 @@
 //
 // Plan cache: a key holds everything an algorithm depends on (device, types,
 // compute type incl. TF32, transposes, sizes, leading dimensions, epilogue,
-// pointer alignments, workspace size).  On a key's first use the heuristic is
-// asked for up to kMaxCandidates algorithms and each is timed on the call's
-// own buffers (CUDA events on the call's stream); the fastest is kept for the
-// life of the process, so one key always runs one algorithm.  No timing
-// (the heuristic's first choice) when TORCHFUSE_CUBLASLT_AUTOTUNE=0 or when
-// the stream is being captured into a CUDA graph.  Thread-safe.
+// pointer alignments, workspace size, autotuning).  On a key's first use the
+// heuristic is asked for up to kMaxCandidates algorithms and each is timed on
+// the call's own buffers (CUDA events on the call's stream); the fastest is
+// kept for the life of the process, so one key always runs one algorithm.
+// No timing (the heuristic's first choice) when args.autotune is false (part
+// of the key) or when the stream is being captured into a CUDA graph.
+// Thread-safe.
 
 #include <cublasLt.h>
 #include <cuda_runtime_api.h>
@@ -54,15 +55,14 @@ struct LtMatmulArgs {
   bool bias_fp32 = false;
   void* workspace = nullptr;
   size_t workspace_size = 0;
+  // Time the heuristic's candidates on a key's first use (the caller's
+  // torchfuse::backends::matmul().autotune()).
+  bool autotune = true;
 };
 
 // Returns false, having launched nothing, when cuBLASLt offers no algorithm
 // for the problem (remembered per key); the caller must then fall back.
 // Throws on any other cuBLASLt or CUDA error.
 bool ltMatmul(cublasLtHandle_t handle, const LtMatmulArgs& args, cudaStream_t stream);
-
-// Whether first uses of a key time the heuristic's candidates
-// (TORCHFUSE_CUBLASLT_AUTOTUNE, read once; on unless set to 0).
-bool ltAutotuneEnabled();
 
 } // namespace torchfuse::kernels

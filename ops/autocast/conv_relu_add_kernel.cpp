@@ -3,6 +3,7 @@
 #include <torch/library.h>
 
 #include "ops/common/autocast.h"
+#include "ops/common/conv_composites.h"
 #include "ops/conv_relu_add.h"
 #include "torchfuse/ops.h"
 

@@ -47,6 +47,7 @@
 #include "kernels/elementwise/relu.cuh"
 #include "ops/cuda/cuda_types.h"
 #include "ops/linear_add_relu.h"
+#include "torchfuse/backends.h"
 
 namespace torchfuse::ops {
 namespace {
@@ -79,7 +80,8 @@ kernels::LinearGemmContext gemmContext(kernels::GemmDtype dtype) {
       dtype,
       dtype == kernels::GemmDtype::kFloat32 && allowTf32Matmul(),
       at::cuda::getCUDABlasLtWorkspace(),
-      at::cuda::getCUDABlasLtWorkspaceSize()};
+      at::cuda::getCUDABlasLtWorkspaceSize(),
+      backends::matmul().autotune()};
 }
 
 // The row stride of t read, without a copy, as the row-major matrix

@@ -6,10 +6,16 @@
 // std::shared_ptr<torch::jit::Graph> (torch._C.Graph) cross the boundary
 // through torch's own pybind11 type registrations, which this module shares.
 
+#include <c10/util/StringUtil.h>
 #include <dlfcn.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
+#include <algorithm>
+#include <array>
+#include <string>
+
+#include "torchfuse/backends.h"
 #include "torchfuse/ops.h"
 #include "torchfuse/optimize.h"
 #include "torchfuse/registry.h"
@@ -68,6 +74,51 @@ py::list fusionsList() {
   return l;
 }
 
+// NB: the enums cross as their Python spellings; torchfuse/backends/
+// validates first, with the Python argument's name in its errors.
+template <typename Enum, size_t N>
+const char* spelling(Enum value, const std::array<const char*, N>& names) {
+  return names.at(static_cast<size_t>(value));
+}
+
+template <typename Enum, size_t N>
+Enum parse(const std::string& text, const std::array<const char*, N>& names, const char* what) {
+  const auto it = std::find(names.begin(), names.end(), text);
+  TORCH_CHECK(
+      it != names.end(), "torchfuse.backends: expected ", what, " to be one of ",
+      c10::Join(", ", names), ", got \"", text, "\"");
+  return static_cast<Enum>(it - names.begin());
+}
+
+constexpr std::array<const char*, 3> kRoutes = {"auto", "never", "always"};
+constexpr std::array<const char*, 2> kConversions = {"auto", "separate"};
+
+void bindBackends(py::module& m) {
+  using torchfuse::backends::ChannelsLastRoute;
+  using torchfuse::backends::NchwConversion;
+  namespace b = torchfuse::backends;
+  m.def("_get_conv_channels_last_route", [] {
+    return spelling(b::conv().channelsLastRoute(), kRoutes);
+  });
+  m.def("_set_conv_channels_last_route", [](const std::string& v) {
+    b::conv().setChannelsLastRoute(parse<ChannelsLastRoute>(v, kRoutes, "channels_last_route"));
+  });
+  m.def("_get_conv_allow_implicit_gemm", [] { return b::conv().allowImplicitGemm(); });
+  m.def("_set_conv_allow_implicit_gemm", [](bool v) { b::conv().setAllowImplicitGemm(v); });
+  m.def("_get_conv_allow_direct", [] { return b::conv().allowDirect(); });
+  m.def("_set_conv_allow_direct", [](bool v) { b::conv().setAllowDirect(v); });
+  m.def("_get_conv_nchw_conversion", [] {
+    return spelling(b::conv().nchwConversion(), kConversions);
+  });
+  m.def("_set_conv_nchw_conversion", [](const std::string& v) {
+    b::conv().setNchwConversion(parse<NchwConversion>(v, kConversions, "nchw_conversion"));
+  });
+  m.def("_get_conv_conversion_lookahead", [] { return b::conv().conversionLookahead(); });
+  m.def("_set_conv_conversion_lookahead", [](int v) { b::conv().setConversionLookahead(v); });
+  m.def("_get_matmul_autotune", [] { return b::matmul().autotune(); });
+  m.def("_set_matmul_autotune", [](bool v) { b::matmul().setAutotune(v); });
+}
+
 } // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -93,4 +144,5 @@ PYBIND11_MODULE(_C, m) {
         py::arg("graph"), py::arg("passes") = std::vector<std::string>{},
         "Runs Canonicalize and the fusions on a torch._C.Graph in place");
   m.def("report", &torchfuse::report, py::arg("module"));
+  bindBackends(m);
 }

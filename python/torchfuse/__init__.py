@@ -4,19 +4,20 @@ Importing this package loads the ops library, which registers
 ``torch.ops.torchfuse.custom_*``.
 """
 
-import os
+import pkgutil
 from typing import Dict, Iterable, Optional
 
 import torch
 
-# NB: a development build keeps _C under $TORCHFUSE_BUILD_DIR (set by env.sh),
-# so that several build trees can share one source tree; an installed package
-# has it beside this file.
-_build_dir = os.environ.get("TORCHFUSE_BUILD_DIR")
-if _build_dir:
-    __path__.append(os.path.join(_build_dir, "python", "torchfuse"))
+# NB: a development build keeps _C in its own tree (build/python/torchfuse),
+# so that several build trees can share one source tree: env.sh puts the
+# source's python/ and then the build's python/ on PYTHONPATH, and this
+# package spans both, as a package split across sys.path entries does.  An
+# installed package has _C beside this file.
+__path__ = pkgutil.extend_path(__path__, __name__)
 
 from . import _C  # noqa: E402  (loads libtorchfuse_ops)
+from . import backends  # noqa: E402
 
 __version__ = _C.version()
 
@@ -150,6 +151,7 @@ def report(module) -> Dict[str, int]:
 
 
 __all__ = [
+    "backends",
     "library_path",
     "optimize",
     "fuse_graph",

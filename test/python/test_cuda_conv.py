@@ -21,9 +21,10 @@ definition or the CPU composition bit for bit in every dtype; input and
 weight gradients (cuDNN's convolution backward) are checked to float32, or
 float16/bfloat16, rounding.
 
-The direct convolution for few channels (variant G), which would take the
-small float32 inference cases, is off for the tests that pin the other
-paths (TORCHFUSE_CONV_DIRECT=never) and on for its own.
+The direct convolution for few channels, which would take the small float32
+inference cases, is off for the tests that pin the other paths
+(torchfuse.backends.conv.allow_direct = False) and on for its own; every
+test starts from that and leaves the options as it found them.
 
 Every test is marked `cuda` and skipped where torch sees no CUDA device.
 """
@@ -43,7 +44,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cuda_utils import (  # noqa: E402
     CUDA_ONLY, nbytes_of, poison_allocator, rel_err, run_memcheck, run_seed, signed_randn, tf32_flags)
 
-import torchfuse  # noqa: E402,F401  (registers torch.ops.torchfuse)
+import torchfuse  # noqa: E402  (registers torch.ops.torchfuse)
 
 pytestmark = CUDA_ONLY
 
@@ -83,12 +84,14 @@ def _applies(name, layout):
 
 CASES = [(n, l) for n in SHAPES for l in LAYOUTS if _applies(n, l)]
 
-DIRECT = "TORCHFUSE_CONV_DIRECT"
+options = torchfuse.backends.conv
 
 
 @pytest.fixture(autouse=True)
-def _direct_off(monkeypatch):
-    monkeypatch.setenv(DIRECT, "never")
+def _direct_off():
+    with options.flags(channels_last_route="auto", allow_implicit_gemm=True, allow_direct=False,
+                       nchw_conversion="auto", conversion_lookahead=0):
+        yield
 
 
 def _ints(shape, lo, hi, gen, dtype):
@@ -354,13 +357,12 @@ def test_composite_layouts_match_eager(name, layout):
                         names=("input", "weight", "bias", "other"))
 
 
-# The channels-last route for NCHW inputs (variant E in kernels/conv/README.md),
+# The channels-last route for NCHW inputs by cuDNN (channels_last_cudnn.cpp),
 # inference forward only: x converted to NHWC, cuDNN's channels-last
 # convolution, one pass back to NCHW with the epilogue.  By default it runs
 # only for large float32 convolutions that eager runs in TF32;
-# TORCHFUSE_CONV_CHANNELS_LAST=always forces it wherever its kernels apply,
-# so the exact small-integer tests above check its output bit for bit.
-ROUTE = "TORCHFUSE_CONV_CHANNELS_LAST"
+# channels_last_route = "always" forces it wherever its kernels apply, so
+# the exact small-integer tests above check its output bit for bit.
 ROUTE_CASES = [n for n, (xs, ws, _) in SHAPES.items() if len(xs) == 4 and len(ws) == 4]
 
 
@@ -375,8 +377,8 @@ def _kernels_run(fn) -> list[str]:
 
 
 def _route_ran(fn) -> bool:
-    """Whether fn() ran the route: variant E's NHWC-to-NCHW epilogue pass or
-    variant F's implicit-GEMM kernel (profiler)."""
+    """Whether fn() ran the route: its NHWC-to-NCHW epilogue pass after
+    cuDNN or the implicit-GEMM kernel (profiler)."""
     return any("BiasReluAdd" in k or "implicitGemmKernel" in k for k in _kernels_run(fn))
 
 
@@ -386,12 +388,12 @@ def _implicit_gemm_ran(fn) -> bool:
 
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @pytest.mark.parametrize("name", ROUTE_CASES)
-def test_channels_last_route_forward(name, dtype, monkeypatch):
+def test_channels_last_route_forward(name, dtype):
     """The route's output equals the definition; the forward that returns a
     mask (training) keeps eager's convolution for these shapes, which the
     implicit-GEMM kernel does not take (its training forward is tested
     below)."""
-    monkeypatch.setenv(ROUTE, "always")
+    options.channels_last_route = "always"
     x, w, b, other, args = _inputs(name, "nchw", DTYPES[dtype], seed=1)
     assert _route_ran(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 1.0))
     assert not _route_ran(lambda: ops.custom_conv_relu_add_forward(x, w, b, *args, other, 1.0))
@@ -399,10 +401,10 @@ def test_channels_last_route_forward(name, dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["s99-c40", "s16383-chunks"])
-def test_channels_last_route_with_full_other(name, monkeypatch):
+def test_channels_last_route_with_full_other(name):
     """A full-size `other` (not per channel) is added after the pass, with
     alpha, as eager adds it."""
-    monkeypatch.setenv(ROUTE, "always")
+    options.channels_last_route = "always"
     x, w, b, _, args = _inputs(name, "nchw", torch.float32, seed=12)
     t = _pre_activation(x, w, b, args)
     other = torch.randint(-3, 4, t.shape, device="cuda").float()
@@ -413,9 +415,10 @@ def test_channels_last_route_with_full_other(name, monkeypatch):
     assert torch.equal(out, torch.relu(t) + 0.5 * other)
 
 
-def test_channels_last_route_not_in_training(monkeypatch):
-    """Variant E does not serve training: its mask saved nothing."""
-    monkeypatch.setenv(ROUTE, "always")
+def test_channels_last_route_not_in_training():
+    """The route by cuDNN does not serve training: its mask would save
+    nothing."""
+    options.channels_last_route = "always"
     x, w, b, other, args = _inputs("s64-c16", "nchw", torch.float32, seed=1)
     w.requires_grad_(True)
     assert not _route_ran(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 1.0))
@@ -423,17 +426,10 @@ def test_channels_last_route_not_in_training(monkeypatch):
         assert _route_ran(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 1.0))
 
 
-def test_channels_last_route_never(monkeypatch):
-    monkeypatch.setenv(ROUTE, "never")
+def test_channels_last_route_never():
+    options.channels_last_route = "never"
     x, w, b, other, args = _inputs("s64-c16", "nchw", torch.float32, seed=1)
     assert not _route_ran(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 1.0))
-
-
-def test_channels_last_route_rejects_unknown_setting(monkeypatch):
-    monkeypatch.setenv(ROUTE, "yes")
-    x, w, b, other, args = _inputs("s64-c16", "nchw", torch.float32, seed=1)
-    with pytest.raises(RuntimeError, match="TORCHFUSE_CONV_CHANNELS_LAST to be auto, never or always, got \"yes\""):
-        ops.custom_conv_relu_add(x, w, b, *args, other, 1.0)
 
 
 def _masked_grad_ran(fn) -> bool:
@@ -444,12 +440,12 @@ def _masked_grad_ran(fn) -> bool:
 
 @pytest.mark.parametrize("grad_format", GRAD_FORMATS)
 @pytest.mark.parametrize("name", ROUTE_CASES)
-def test_channels_last_route_backward(name, grad_format, monkeypatch):
+def test_channels_last_route_backward(name, grad_format):
     """The route's backward of an NCHW float32 convolution (g made NHWC by
     the masking pass, cuDNN's channels-last gradient convolutions, the input
     gradient back to NCHW) gives the CPU's gradients on small integers, in
     eager's memory formats, whatever grad_output's format."""
-    monkeypatch.setenv(ROUTE, "always")
+    options.channels_last_route = "always"
     x, w, b, other, args = _inputs(name, "nchw", torch.float32, seed=2)
     out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 1.0)
     out_cpu, mask_cpu = ops.custom_conv_relu_add_forward(x.cpu(), w.cpu(), b.cpu(), *args, other.cpu(), 1.0)
@@ -467,10 +463,10 @@ def test_channels_last_route_backward(name, grad_format, monkeypatch):
 
 @pytest.mark.parametrize("output_mask", [[True, False, False, False], [False, True, True, False],
                                          [False, False, True, True], [False, False, False, True]])
-def test_channels_last_route_backward_partial(output_mask, monkeypatch):
+def test_channels_last_route_backward_partial(output_mask):
     """Only the gradients asked for; the bias gradient alone needs no
     convolution, so it takes the NCHW pass."""
-    monkeypatch.setenv(ROUTE, "always")
+    options.channels_last_route = "always"
     x, w, b, other, args = _inputs("s99-c40", "nchw", torch.float32, seed=2)
     out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 1.0)
     gen = torch.Generator(device="cuda")
@@ -486,16 +482,16 @@ def test_channels_last_route_backward_partial(output_mask, monkeypatch):
             _assert_grads_match([g], [r], names=(what,))
 
 
-def test_channels_last_route_backward_declines(monkeypatch):
+def test_channels_last_route_backward_declines():
     """The NCHW backward stays for float16, channels-last inputs and
-    TORCHFUSE_CONV_CHANNELS_LAST=never."""
-    monkeypatch.setenv(ROUTE, "always")
+    channels_last_route = "never"."""
+    options.channels_last_route = "always"
     for dtype, layout in ((torch.float16, "nchw"), (torch.float32, "channels-last")):
         x, w, b, other, args = _inputs("s99-c40", layout, dtype, seed=2)
         out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 1.0)
         gy = torch.ones_like(out)
         assert not _masked_grad_ran(lambda: ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True, True]))
-    monkeypatch.setenv(ROUTE, "never")
+    options.channels_last_route = "never"
     x, w, b, other, args = _inputs("s99-c40", "nchw", torch.float32, seed=2)
     out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 1.0)
     gy = torch.ones_like(out)
@@ -503,12 +499,12 @@ def test_channels_last_route_backward_declines(monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["s64-c16", "s99-c40"])
-def test_channels_last_route_backward_nan_inf(name, monkeypatch):
+def test_channels_last_route_backward_nan_inf(name):
     """NaN and ±Inf in grad_output, where the relu passed and where it did
     not: the masking pass selects (a masked NaN gives 0, as eager's relu
     backward), and the gradients are the CPU's, NaN for NaN, on the vector
     (s64-c16) and the scalar (s99-c40) tiles."""
-    monkeypatch.setenv(ROUTE, "always")
+    options.channels_last_route = "always"
     x, w, b, other, args = _inputs(name, "nchw", torch.float32, seed=2)
     w = torch.where(w == 0, torch.ones_like(w), w)  # no 0 * Inf
     out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 1.0)
@@ -531,15 +527,15 @@ def test_channels_last_route_backward_nan_inf(name, monkeypatch):
 
 
 @pytest.mark.parametrize("cudnn_tf32", [True, False])
-def test_channels_last_route_backward_random_signed(cudnn_tf32, monkeypatch):
+def test_channels_last_route_backward_random_signed(cudnn_tf32):
     """By default the route's backward runs where eager's gradient
     convolutions are TF32 (a 2^24-element output under the default flags,
     not with cuDNN TF32 off), and through autograd the gradients' errors
     against float64 are at most 2x eager's.  On sm_90 the forward and the
     input gradient are the implicit-GEMM kernel's, whose relu decisions near
     zero are its own: the float64 model is the judge, not eager."""
-    monkeypatch.delenv(ROUTE, raising=False)
-    monkeypatch.delenv(IMPLICIT_GEMM, raising=False)
+    options.channels_last_route = "auto"
+    options.allow_implicit_gemm = True
     gen = torch.Generator(device="cuda")
     gen.manual_seed(run_seed())
     x = signed_randn(32, 64, 66, 66, dtype=torch.float32, generator=gen)
@@ -573,14 +569,14 @@ def test_channels_last_route_backward_random_signed(cudnn_tf32, monkeypatch):
 
 @pytest.mark.parametrize("xs", [(32, 64, 66, 66), (8, 64, 130, 130)], ids=["q64", "q128"])
 @pytest.mark.parametrize("cudnn_tf32", [True, False])
-def test_channels_last_route_only_where_eager_is_tf32(cudnn_tf32, xs, monkeypatch):
+def test_channels_last_route_only_where_eager_is_tf32(cudnn_tf32, xs):
     """By default the route runs exactly where eager's own NCHW convolution
     is TF32 (so both round alike) and cuDNN may use TF32, and then its error
     against float64 is at most 2x eager's.  Eager's precision is read off
     its error here, independently of the op's probe: float32 engines are
     near 1e-7, TF32 ones near 1e-4.  Both shapes are ones the implicit-GEMM
     kernel takes on sm_90 (output rows of 64 and of 128 positions)."""
-    monkeypatch.delenv(ROUTE, raising=False)
+    options.channels_last_route = "auto"
     gen = torch.Generator(device="cuda")
     gen.manual_seed(11)
     # 2^24-element outputs: the smallest the route takes
@@ -602,11 +598,10 @@ def test_channels_last_route_only_where_eager_is_tf32(cudnn_tf32, xs, monkeypatc
     assert out.is_contiguous()
 
 
-# Variant F: the route's convolution by our sm_90 implicit-GEMM kernel
+# The route's convolution by our sm_90 implicit-GEMM kernel
 # (kernels/conv/implicit_gemm_sm90.cu), where it takes the problem: float32,
 # stride and dilation 1, one group, C a multiple of 32, K <= 128, rows of at
-# most 128 output positions.  TORCHFUSE_CONV_IMPLICIT_GEMM=never turns it off.
-IMPLICIT_GEMM = "TORCHFUSE_CONV_IMPLICIT_GEMM"
+# most 128 output positions.  allow_implicit_gemm = False turns it off.
 SM90 = torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
 needs_sm90 = pytest.mark.skipif(not SM90, reason="needs an sm_90 GPU: the implicit-GEMM kernel is built for sm_90 only")
 
@@ -642,12 +637,12 @@ def _round_tf32(t: torch.Tensor) -> torch.Tensor:
 @needs_sm90
 @pytest.mark.parametrize("other_kind", ["channel", "scalar", "full", "none-bias"])
 @pytest.mark.parametrize("name", list(IG_SHAPES))
-def test_implicit_gemm_exact(name, other_kind, monkeypatch):
+def test_implicit_gemm_exact(name, other_kind):
     """Small integers (exact in TF32 and in every float32 sum): the kernel's
     output equals relu(conv + b) + alpha * other bit for bit, over poisoned
     memory, for every tile shape, partial tile and channel count above."""
-    monkeypatch.setenv(ROUTE, "always")
-    monkeypatch.delenv(IMPLICIT_GEMM, raising=False)
+    options.channels_last_route = "always"
+    options.allow_implicit_gemm = True
     xs, ws, padding = IG_SHAPES[name]
     gen = torch.Generator(device="cuda")
     gen.manual_seed(5)
@@ -668,10 +663,10 @@ def test_implicit_gemm_exact(name, other_kind, monkeypatch):
 
 
 @needs_sm90
-def test_implicit_gemm_misaligned_input(monkeypatch):
+def test_implicit_gemm_misaligned_input():
     """An input view 4 bytes past a 16-byte boundary: its conversion to NHWC
     takes the scalar tiles."""
-    monkeypatch.setenv(ROUTE, "always")
+    options.channels_last_route = "always"
     xs, ws, padding = IG_SHAPES["q126-vec"]
     gen = torch.Generator(device="cuda")
     gen.manual_seed(6)
@@ -703,11 +698,11 @@ def _ig_signed_inputs(name):
 
 @needs_sm90
 @pytest.mark.parametrize("name", ["q22-pad1", "q124", "q124-3x5", "q126-vec"])
-def test_implicit_gemm_random_signed(name, monkeypatch):
+def test_implicit_gemm_random_signed(name):
     """Random signed inputs: the output is the convolution of the inputs
     rounded to TF32, accumulated in float32: within 1e-5 of that product
     computed in float64 (relative to the largest output), NaN nowhere."""
-    monkeypatch.setenv(ROUTE, "always")
+    options.channels_last_route = "always"
     x, w, b, other, args = _ig_signed_inputs(name)
     padding = args[1]
     ref = torch.relu(F.conv2d(_round_tf32(x).double(), _round_tf32(w).double(), b.double(),
@@ -722,10 +717,10 @@ def test_implicit_gemm_random_signed(name, monkeypatch):
 
 
 @needs_sm90
-def test_implicit_gemm_nan_inf(monkeypatch):
+def test_implicit_gemm_nan_inf():
     """NaN and ±Inf in x and in `other` come out as eager's: relu(NaN) is
     NaN, relu(-Inf) + Inf is Inf, relu(Inf) - Inf is NaN."""
-    monkeypatch.setenv(ROUTE, "always")
+    options.channels_last_route = "always"
     xs, ws, padding = IG_SHAPES["q22-pad1"]
     gen = torch.Generator(device="cuda")
     gen.manual_seed(8)
@@ -750,28 +745,24 @@ def test_implicit_gemm_nan_inf(monkeypatch):
 
 
 @needs_sm90
-def test_implicit_gemm_never(monkeypatch):
-    """TORCHFUSE_CONV_IMPLICIT_GEMM=never keeps variant E; bad values name it."""
-    monkeypatch.setenv(ROUTE, "always")
+def test_implicit_gemm_never():
+    """allow_implicit_gemm = False keeps cuDNN's channels-last convolution."""
+    options.channels_last_route = "always"
     xs, ws, padding = IG_SHAPES["q22-pad1"]
     x = torch.randn(*xs, device="cuda")
     w = torch.randn(*ws, device="cuda")
     other = torch.randn(ws[0], 1, 1, device="cuda")
     args = ([1, 1], list(padding), [1, 1], 1)
-    monkeypatch.setenv(IMPLICIT_GEMM, "never")
+    options.allow_implicit_gemm = False
     kernels = _kernels_run(lambda: ops.custom_conv_relu_add(x, w, None, *args, other, 1.0))
     assert any("BiasReluAdd" in k for k in kernels)
     assert not any("implicitGemmKernel" in k for k in kernels)
-    monkeypatch.setenv(IMPLICIT_GEMM, "yes")
-    with pytest.raises(RuntimeError, match="TORCHFUSE_CONV_IMPLICIT_GEMM to be auto or never, got \"yes\""):
-        ops.custom_conv_relu_add(x, w, None, *args, other, 1.0)
 
 
-# Variant J: the implicit-GEMM kernel converts x from NCHW itself, on the
-# idle warps of its CTAs, ahead of the convolution (TORCHFUSE_CONV_CONVERSION:
-# auto, a lookahead in images, or "separate" for F's conversion pass before
-# the kernel).
-CONVERSION = "TORCHFUSE_CONV_CONVERSION"
+# The implicit-GEMM kernel converts x from NCHW itself, on the idle warps of
+# its CTAs, ahead of the convolution (nchw_conversion "auto", with
+# conversion_lookahead 0 or a lookahead in images), or a conversion pass of
+# its own runs before the kernel (nchw_conversion "separate").
 
 
 def _x_conversion_passes(fn) -> int:
@@ -780,24 +771,24 @@ def _x_conversion_passes(fn) -> int:
 
 
 @needs_sm90
-@pytest.mark.parametrize("conversion", ["auto", "1", "3", "64"])
+@pytest.mark.parametrize("conversion", [0, 1, 3, 64])
 @pytest.mark.parametrize("name", ["q22-pad1", "q40-c128", "q124-3x5", "q128-1x1", "q126-vec", "q70-vec-pad4"])
-def test_implicit_gemm_converts_in_kernel(name, conversion, monkeypatch):
+def test_implicit_gemm_converts_in_kernel(name, conversion):
     """Random signed inputs: with x converted inside the kernel, the output
-    (and, in training, the relu mask) equals the one with F's separate
+    (and, in training, the relu mask) equals the one with the separate
     conversion pass bit for bit, over poisoned memory; the rounding to TF32
     is the same (cvt.rna), so is every product.  Partial boxes: h * w is not
     a multiple of 32 for the first three; a lookahead of 1 makes the
     converters wait on the convolution most."""
-    monkeypatch.setenv(ROUTE, "always")
-    monkeypatch.delenv(IMPLICIT_GEMM, raising=False)
+    options.channels_last_route = "always"
+    options.allow_implicit_gemm = True
     x, w, b, other, args = _ig_signed_inputs(name)
-    monkeypatch.setenv(CONVERSION, "separate")
+    options.nchw_conversion = "separate"
     assert _x_conversion_passes(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 0.5)) == 1
     with torch.no_grad():
         want = ops.custom_conv_relu_add(x, w, b, *args, other, 0.5)
         want_out, want_mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 0.5)
-    monkeypatch.setenv(CONVERSION, conversion)
+    options.nchw_conversion, options.conversion_lookahead = "auto", conversion
     assert _x_conversion_passes(lambda: ops.custom_conv_relu_add(x, w, b, *args, other, 0.5)) == 0
     assert _x_conversion_passes(lambda: ops.custom_conv_relu_add_forward(x, w, b, *args, other, 0.5)) == 0
     sizes = [want.numel() * 4, x.numel() * 4, want_mask.numel()]
@@ -813,12 +804,12 @@ def test_implicit_gemm_converts_in_kernel(name, conversion, monkeypatch):
 
 @needs_sm90
 @pytest.mark.parametrize("case", ["hw-odd", "misaligned"])
-def test_implicit_gemm_conversion_pass_where_kernel_cannot(case, monkeypatch):
+def test_implicit_gemm_conversion_pass_where_kernel_cannot(case):
     """Where TMA cannot read x as NCHW (rows of h * w not in whole 16-byte
     units, or a start off a 16-byte boundary) the separate conversion pass
     runs, and the output is still exact."""
-    monkeypatch.setenv(ROUTE, "always")
-    monkeypatch.setenv(CONVERSION, "auto")
+    options.channels_last_route = "always"
+    options.nchw_conversion = "auto"
     xs, ws, padding = IG_SHAPES["q124" if case == "hw-odd" else "q126-vec"]  # 9 * 126 % 4 == 2
     gen = torch.Generator(device="cuda")
     gen.manual_seed(7)
@@ -836,25 +827,12 @@ def test_implicit_gemm_conversion_pass_where_kernel_cannot(case, monkeypatch):
 
 
 @needs_sm90
-def test_implicit_gemm_conversion_setting(monkeypatch):
-    """Bad TORCHFUSE_CONV_CONVERSION values name the variable and the choices."""
-    monkeypatch.setenv(ROUTE, "always")
-    xs, ws, padding = IG_SHAPES["q22-pad1"]
-    x = torch.randn(*xs, device="cuda")
-    w = torch.randn(*ws, device="cuda")
-    other = torch.randn(ws[0], 1, 1, device="cuda")
-    for bad in ["0", "65", "four", "-1", ""]:
-        monkeypatch.setenv(CONVERSION, bad)
-        with pytest.raises(RuntimeError, match=f"TORCHFUSE_CONV_CONVERSION to be auto, separate or a number from 1 to 64, got \"{bad}\""):
-            ops.custom_conv_relu_add(x, w, None, [1, 1], list(padding), [1, 1], 1, other, 1.0)
-
-
-@needs_sm90
 @pytest.mark.parametrize("case", ["fp16", "stride2", "dilation2", "groups2", "c48", "k160", "q130", "no-tf32"])
-def test_implicit_gemm_declines(case, monkeypatch):
-    """Problems outside the kernel's contract take variant E or C instead,
-    in inference and in training."""
-    monkeypatch.setenv(ROUTE, "always")
+def test_implicit_gemm_declines(case):
+    """Problems outside the kernel's contract take cuDNN's channels-last
+    convolution or eager's convolution and the epilogue pass instead, in
+    inference and in training."""
+    options.channels_last_route = "always"
     xs, ws, stride, dilation, groups, dtype = (2, 64, 12, 20), (32, 64, 3, 3), 1, 1, 1, torch.float32
     if case == "fp16":
         dtype = torch.float16
@@ -879,7 +857,7 @@ def test_implicit_gemm_declines(case, monkeypatch):
         assert not _implicit_gemm_ran(lambda: ops.custom_conv_relu_add_forward(x, w, None, *args, other, 1.0))
 
 
-# Training through the implicit-GEMM kernel (variant I): the forward with
+# Training through the implicit-GEMM kernel: the forward with
 # the relu mask, and the route's input gradient, a convolution of g with the
 # flipped, transposed weight.
 IG_TRAIN_SHAPES = {
@@ -916,12 +894,12 @@ def _ig_inputs(shapes, name, seed):
 
 @needs_sm90
 @pytest.mark.parametrize("name", list(IG_TRAIN_SHAPES))
-def test_implicit_gemm_training_forward_exact(name, monkeypatch):
+def test_implicit_gemm_training_forward_exact(name):
     """The training forward by the implicit-GEMM kernel: on small integers
     its output and relu mask equal the CPU's bit for bit (t == 0 included,
     which the mask drops), over poisoned memory."""
-    monkeypatch.setenv(ROUTE, "always")
-    monkeypatch.delenv(IMPLICIT_GEMM, raising=False)
+    options.channels_last_route = "always"
+    options.allow_implicit_gemm = True
     x, w, b, other, args, _ = _ig_inputs(IG_TRAIN_SHAPES, name, seed=21)
     want_out, want_mask = ops.custom_conv_relu_add_forward(x.cpu(), w.cpu(), b.cpu(), *args, other.cpu(), 0.5)
     assert _implicit_gemm_ran(lambda: ops.custom_conv_relu_add_forward(x, w, b, *args, other, 0.5))
@@ -934,12 +912,12 @@ def test_implicit_gemm_training_forward_exact(name, monkeypatch):
 
 @needs_sm90
 @pytest.mark.parametrize("name", list(IG_GRAD_SHAPES))
-def test_implicit_gemm_input_gradient_exact(name, monkeypatch):
+def test_implicit_gemm_input_gradient_exact(name):
     """The route's input gradient by the implicit-GEMM kernel: on small
     integers every gradient equals the CPU's, the input's NCHW, over
     poisoned memory; asked alone, it comes without the others."""
-    monkeypatch.setenv(ROUTE, "always")
-    monkeypatch.delenv(IMPLICIT_GEMM, raising=False)
+    options.channels_last_route = "always"
+    options.allow_implicit_gemm = True
     x, w, b, other, args, gen = _ig_inputs(IG_GRAD_SHAPES, name, seed=22)
     out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, other, 1.0)
     _, mask_cpu = ops.custom_conv_relu_add_forward(x.cpu(), w.cpu(), b.cpu(), *args, other.cpu(), 1.0)
@@ -957,7 +935,7 @@ def test_implicit_gemm_input_gradient_exact(name, monkeypatch):
     assert torch.equal(alone[0].cpu(), want[0])
 
 
-# The direct convolution for few channels (variant G): the inference forward
+# The direct convolution for few channels (direct.cpp): the inference forward
 # of small float32 NCHW convolutions with c * r * s * k (k rounded up to 8,
 # 16 or 32) <= 2048, k <= 32.
 DIRECT_SHAPES = {
@@ -983,10 +961,10 @@ def _direct_args(st, pad, dil):
 
 @pytest.mark.parametrize("other_kind", ["channel", "scalar", "full", "none-bias"])
 @pytest.mark.parametrize("name", list(DIRECT_SHAPES))
-def test_direct_exact(name, other_kind, monkeypatch):
+def test_direct_exact(name, other_kind):
     """Small integers (exact in every float32 sum): the kernel's output
     equals relu(conv + b) + alpha * other bit for bit, over poisoned memory."""
-    monkeypatch.setenv(DIRECT, "auto")
+    options.allow_direct = True
     xs, ws, st, pad, dil = DIRECT_SHAPES[name]
     gen = torch.Generator(device="cuda")
     gen.manual_seed(9)
@@ -1006,11 +984,11 @@ def test_direct_exact(name, other_kind, monkeypatch):
 
 
 @pytest.mark.parametrize("name", list(DIRECT_SHAPES))
-def test_direct_random_signed(name, monkeypatch):
+def test_direct_random_signed(name):
     """Random signed inputs against float64: float32 accumulation, so within
     2x eager's error under the default flags (cuDNN TF32 allowed) and within
     1e-6 relative to the largest output."""
-    monkeypatch.setenv(DIRECT, "auto")
+    options.allow_direct = True
     xs, ws, st, pad, dil = DIRECT_SHAPES[name]
     gen = torch.Generator(device="cuda")
     gen.manual_seed(run_seed())
@@ -1029,11 +1007,11 @@ def test_direct_random_signed(name, monkeypatch):
     assert err <= 2 * max(rel_err(eager, ref), 1e-7), (err, rel_err(eager, ref))
 
 
-def test_direct_nan_inf(monkeypatch):
+def test_direct_nan_inf():
     """NaN and ±Inf in x and in `other` come out as in float64: relu(NaN) is
     NaN, relu(-Inf) + Inf is Inf, relu(Inf) - Inf is NaN, and padding
     multiplies an Inf weight into NaN as a zero input would."""
-    monkeypatch.setenv(DIRECT, "auto")
+    options.allow_direct = True
     gen = torch.Generator(device="cuda")
     gen.manual_seed(10)
     x = _ints((2, 3, 11, 12), -2, 2, gen, torch.float32)
@@ -1058,9 +1036,9 @@ def test_direct_nan_inf(monkeypatch):
 
 @pytest.mark.parametrize("case", ["training", "fp16", "channels-last", "weight-cl", "groups2", "k33",
                                   "macs2304", "wide-rows", "large", "3d", "never"])
-def test_direct_declines(case, monkeypatch):
+def test_direct_declines(case):
     """Problems outside the kernel's contract keep cuDNN's convolution."""
-    monkeypatch.setenv(DIRECT, "auto")
+    options.allow_direct = True
     xs, ws, groups, dtype = (2, 4, 10, 10), (8, 4, 3, 3), 1, torch.float32
     if case == "fp16":
         dtype = torch.float16
@@ -1077,7 +1055,7 @@ def test_direct_declines(case, monkeypatch):
     elif case == "3d":
         xs, ws = (2, 4, 5, 6, 7), (8, 4, 3, 3, 3)
     elif case == "never":
-        monkeypatch.setenv(DIRECT, "never")
+        options.allow_direct = False
     x = torch.randn(*xs, device="cuda", dtype=dtype)
     w = torch.randn(*ws, device="cuda", dtype=dtype)
     if case == "channels-last":
@@ -1089,16 +1067,13 @@ def test_direct_declines(case, monkeypatch):
     other = torch.randn(ws[0], *([1] * nd), device="cuda", dtype=dtype)
     args = ([1] * nd, [0] * nd, [1] * nd, groups)
     assert not _direct_ran(lambda: ops.custom_conv_relu_add(x, w, None, *args, other, 1.0))
-    if case == "never":
-        monkeypatch.setenv(DIRECT, "on")
-        with pytest.raises(RuntimeError, match="TORCHFUSE_CONV_DIRECT to be auto or never, got \"on\""):
-            ops.custom_conv_relu_add(x, w, None, *args, other, 1.0)
 
 
 SANITIZER_CASE = textwrap.dedent(
     """
-    import os, torch, torchfuse
+    import torch, torchfuse
     ops = torch.ops.torchfuse
+    torchfuse.backends.conv.allow_direct = False  # the other paths first
     torch.manual_seed(0)
     shapes = [((3, 2, 11, 13), (40, 2, 3, 3)), ((5, 2, 3, 3), (7, 2, 3, 3)),
               ((4, 2, 3, 7), (3, 2, 3, 3)), ((2, 2, 10, 10), (16, 2, 3, 3)),
@@ -1122,7 +1097,7 @@ SANITIZER_CASE = textwrap.dedent(
                                             else torch.channels_last), buf[1:].view(out.shape)):
                     ops.custom_conv_relu_add_backward(g, mask, x, w, *args, [True, True, True, True])
     # the channels-last route (NCHW 2-d inputs), forced
-    os.environ["TORCHFUSE_CONV_CHANNELS_LAST"] = "always"
+    torchfuse.backends.conv.channels_last_route = "always"
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         for xs, ws in shapes[:5] + [((3, 8, 10, 12), (24, 8, 3, 3))]:
             x = torch.randn(*xs, device="cuda", dtype=dtype)
@@ -1138,7 +1113,7 @@ SANITIZER_CASE = textwrap.dedent(
                 out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, o, 1.0)
                 ops.custom_conv_relu_add_backward(torch.randn_like(out), mask, x, w, *args, [True, True, True, True])
     # the direct convolution: partial blocks, stride, dilation, padding, k of 8, 16 and 32
-    os.environ["TORCHFUSE_CONV_DIRECT"] = "auto"
+    torchfuse.backends.conv.allow_direct = True
     for xs, ws, st, pad, dil in [((3, 3, 17, 19), (5, 3, 3, 3), 1, 0, 1), ((2, 2, 20, 21), (16, 2, 3, 5), 2, 2, 1),
                                  ((2, 1, 15, 15), (32, 1, 3, 3), 1, 1, 2)]:
         x = torch.randn(*xs, device="cuda")
