@@ -54,9 +54,18 @@ namespace {
 using OptTensor = std::optional<at::Tensor>;
 // The train and _forward ops' arguments.
 template <typename Ret>
-using TrainSignature = Ret(
-    const at::Tensor&, const OptTensor&, const OptTensor&, at::Tensor&,
-    at::Tensor&, bool, double, double, const at::Tensor&, const at::Scalar&, bool);
+using TrainSignature =
+    Ret(const at::Tensor&,
+        const OptTensor&,
+        const OptTensor&,
+        at::Tensor&,
+        at::Tensor&,
+        bool,
+        double,
+        double,
+        const at::Tensor&,
+        const at::Scalar&,
+        bool);
 using EvalSignature = at::Tensor(
     const at::Tensor&, const OptTensor&, const OptTensor&, const at::Tensor&,
     const at::Tensor&, double, const at::Tensor&, const at::Scalar&, bool);
@@ -78,10 +87,9 @@ at::Tensor custom_batch_norm_add_div_swish(
     const at::Tensor& other,
     const at::Scalar& divisor,
     bool silu) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("torchfuse::custom_batch_norm_add_div_swish", "")
-          .typed<TrainSignature<at::Tensor>>();
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("torchfuse::custom_batch_norm_add_div_swish", "")
+                       .typed<TrainSignature<at::Tensor>>();
   return op.call(
       input, weight, bias, running_mean, running_var, training, momentum, eps,
       other, divisor, silu);
@@ -97,10 +105,9 @@ at::Tensor custom_batch_norm_add_div_swish_eval(
     const at::Tensor& other,
     const at::Scalar& divisor,
     bool silu) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("torchfuse::custom_batch_norm_add_div_swish_eval", "")
-          .typed<EvalSignature>();
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("torchfuse::custom_batch_norm_add_div_swish_eval", "")
+                       .typed<EvalSignature>();
   return op.call(input, weight, bias, running_mean, running_var, eps, other, divisor, silu);
 }
 
@@ -229,7 +236,7 @@ void checkBatchNormAddDivSwishInputs(const BatchNormAddDivSwishArgs& a) {
   if (input.is_cpu()) {
     checkParamDtypes(a);
   }
-  if (!(a.other.dim() == 0 && a.other.is_cpu())) {  // add takes a 0-dim CPU tensor anywhere
+  if (!(a.other.dim() == 0 && a.other.is_cpu())) { // add takes a 0-dim CPU tensor anywhere
     checkSameDevice(kOp, "other", a.other, input);
   }
   checkBroadcastable(kOp, a.other, input.sizes());
@@ -237,8 +244,9 @@ void checkBatchNormAddDivSwishInputs(const BatchNormAddDivSwishArgs& a) {
 
 bool batchNormAddDivSwishHandles(const BatchNormAddDivSwishArgs& a) {
   const auto& input = a.input;
-  for (const auto& t : {input, orUndefined(a.weight), orUndefined(a.bias), a.running_mean,
-                        a.running_var, a.other}) {
+  for (const auto& t :
+       {input, orUndefined(a.weight), orUndefined(a.bias), a.running_mean, a.running_var,
+        a.other}) {
     if (!isPlainDenseTensor(t)) {
       return false;
     }
@@ -304,15 +312,13 @@ at::Tensor batchNormAddDivSwishTrain(const BatchNormAddDivSwishArgs& a) {
 at::Tensor batchNormAddDivSwishEval(const BatchNormAddDivSwishArgs& a) {
   TORCH_INTERNAL_ASSERT(!a.training);
   return custom_batch_norm_add_div_swish_eval(
-      a.input, a.weight, a.bias, a.running_mean, a.running_var, a.eps, a.other, a.divisor,
-      a.silu);
+      a.input, a.weight, a.bias, a.running_mean, a.running_var, a.eps, a.other, a.divisor, a.silu);
 }
 
 BatchNormAddDivSwishStats batchNormAddDivSwishForward(const BatchNormAddDivSwishArgs& a) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("torchfuse::custom_batch_norm_add_div_swish_forward", "")
-          .typed<TrainSignature<ops::BatchNormAddDivSwishStats>>();
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("torchfuse::custom_batch_norm_add_div_swish_forward", "")
+                       .typed<TrainSignature<ops::BatchNormAddDivSwishStats>>();
   return op.call(
       a.input, a.weight, a.bias, written(a.running_mean), written(a.running_var), a.training,
       a.momentum, a.eps, a.other, a.divisor, a.silu);

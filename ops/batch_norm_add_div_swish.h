@@ -109,8 +109,7 @@ BatchNormAddDivSwishGrads batchNormAddDivSwishBackwardKernel(
     std::array<bool, 4> output_mask,
     bool silu) {
   return F(BatchNormAddDivSwishBackwardArgs{
-      grad_output, input, weight, bias, mean, invstd, training, other, divisor, output_mask,
-      silu});
+      grad_output, input, weight, bias, mean, invstd, training, other, divisor, output_mask, silu});
 }
 
 // Registers one dispatch key's kernels: Train for
@@ -154,7 +153,10 @@ at::Tensor batchNormOf(const BatchNormAddDivSwishArgs& a);
 
 // (bn + other) / divisor, then silu(t) or t * sigmoid(t).
 at::Tensor addDivSwish(
-    const at::Tensor& bn, const at::Tensor& other, const at::Scalar& divisor, bool silu);
+    const at::Tensor& bn,
+    const at::Tensor& other,
+    const at::Scalar& divisor,
+    bool silu);
 
 // The original chain as ATen ops: batch_norm, add, div and the swish's
 // spelling.  ATen's own errors, results and autograd (double backward

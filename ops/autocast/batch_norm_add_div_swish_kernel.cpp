@@ -14,7 +14,8 @@ namespace {
 // NB: `silu` is the spelling the pass matched.
 template <c10::DeviceType device>
 at::Tensor chainAutocast(
-    const BatchNormAddDivSwishArgs& a, at::Tensor (*op)(const BatchNormAddDivSwishArgs&)) {
+    const BatchNormAddDivSwishArgs& a,
+    at::Tensor (*op)(const BatchNormAddDivSwishArgs&)) {
   const ChainAutocast casts(device);
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   // NB: when the add takes the batch norm's output in another dtype, the op
@@ -25,8 +26,9 @@ at::Tensor chainAutocast(
     return a.silu ? at::silu(t) : at::mul(t, at::sigmoid(t));
   }
   const auto other = casts.full(a.other);
-  return op({a.input, a.weight, a.bias, a.running_mean, a.running_var, a.training, a.momentum,
-             a.eps, other, a.divisor, a.silu});
+  return op(
+      {a.input, a.weight, a.bias, a.running_mean, a.running_var, a.training, a.momentum, a.eps,
+       other, a.divisor, a.silu});
 }
 
 template <c10::DeviceType device>

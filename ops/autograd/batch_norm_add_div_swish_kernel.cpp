@@ -72,9 +72,10 @@ variable_list backwardFromSaved(
   const auto weight = toOptional(saved[1]);
   const auto bias = toOptional(saved[2]);
   const auto divisor = ctx->saved_data["divisor"].toScalar();
+  const std::array<bool, 4> mask{needs(0), needs(1), needs(2), needs(5)};
+  const bool silu = ctx->saved_data["silu"].toBool();
   auto [grad_input, grad_weight, grad_bias, grad_other] = batchNormAddDivSwishBackward(
-      {grad_output, input, weight, bias, mean, invstd, training, other, divisor,
-       {needs(0), needs(1), needs(2), needs(5)}, ctx->saved_data["silu"].toBool()});
+      {grad_output, input, weight, bias, mean, invstd, training, other, divisor, mask, silu});
   return {grad_input, grad_weight, grad_bias, grad_other};
 }
 

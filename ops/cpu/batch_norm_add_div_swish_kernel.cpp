@@ -45,8 +45,8 @@ BatchNormAddDivSwishStats batchNormAddDivSwishForwardComposite(const BatchNormAd
 
 BatchNormAddDivSwishGrads batchNormAddDivSwishBackwardComposite(
     const BatchNormAddDivSwishBackwardArgs& a) {
-  const auto& [grad_output, input, weight, bias, mean, invstd, training, other, divisor,
-               output_mask, silu] = a;
+  const auto& [grad_output, input, weight, bias, mean, invstd, training, other, divisor, output_mask, silu] =
+      a;
   const auto ct =
       batchNormBackwardType(input.scalar_type(), grad_output.scalar_type());
   const int64_t dim = input.dim();

@@ -136,8 +136,9 @@ std::optional<ForwardPlan> forwardPlan(const BatchNormAddDivSwishArgs& a) {
   if (p != at::kFloat && p != input.scalar_type()) {
     return std::nullopt;
   }
-  for (const at::Tensor* t : {&a.running_var, defined(a.weight) ? &*a.weight : nullptr,
-                              defined(a.bias) ? &*a.bias : nullptr}) {
+  for (const at::Tensor* t :
+       {&a.running_var, defined(a.weight) ? &*a.weight : nullptr,
+        defined(a.bias) ? &*a.bias : nullptr}) {
     if (t != nullptr && t->scalar_type() != p) {
       return std::nullopt;
     }
@@ -200,8 +201,8 @@ at::Tensor forwardCuda(
           cudaPtr<scalar_t>(input), cudaPtr<scalar_t>(out), plan.shape, plan.affine,
           mutRef(a.running_mean), mutRef(a.running_var), a.momentum, a.eps,
           save_mean.defined() ? save_mean.data_ptr<float>() : nullptr,
-          save_invstd.defined() ? save_invstd.data_ptr<float>() : nullptr,
-          ws.data_ptr(), sms, stream);
+          save_invstd.defined() ? save_invstd.data_ptr<float>() : nullptr, ws.data_ptr(), sms,
+          stream);
     } else {
       k::batchNormSwishEvalForward(
           cudaPtr<scalar_t>(input), cudaPtr<scalar_t>(out), plan.shape, plan.affine,
@@ -247,9 +248,7 @@ BatchNormAddDivSwishGrads batchNormAddDivSwishBackwardCuda(
     const BatchNormAddDivSwishBackwardArgs& a) {
   const auto& grad_output = a.grad_output;
   const auto& input = a.input;
-  const auto fallback = [&] {
-    return batchNormAddDivSwishBackwardComposite(a);
-  };
+  const auto fallback = [&] { return batchNormAddDivSwishBackwardComposite(a); };
   // NB: with grad_output in the input's dtype the composite computes in
   // batchNormBackwardType: float64 for float32 inputs, float32 for 16-bit
   // ones.  The kernels' sums are float64, their per-element terms float64
@@ -300,12 +299,13 @@ BatchNormAddDivSwishGrads batchNormAddDivSwishBackwardCuda(
   const k::BnParamGrads grads{mut(grad_weight), mut(grad_bias), mut(grad_other)};
   auto ws = workspace(input, *shape, sms);
   const auto stream = at::cuda::getCurrentCUDAStream();
-  TORCHFUSE_DISPATCH_KERNEL_TYPES(input.scalar_type(), "custom_batch_norm_add_div_swish_backward", [&] {
-    k::batchNormSwishBackward(
-        cudaPtr<scalar_t>(g), cudaPtr<scalar_t>(input), *shape, affine, *mu, *is,
-        a.training, a.silu, grad_input.defined() ? cudaPtr<scalar_t>(grad_input) : nullptr,
-        grads, ws.data_ptr(), sms, stream);
-  });
+  TORCHFUSE_DISPATCH_KERNEL_TYPES(
+      input.scalar_type(), "custom_batch_norm_add_div_swish_backward", [&] {
+        k::batchNormSwishBackward(
+            cudaPtr<scalar_t>(g), cudaPtr<scalar_t>(input), *shape, affine, *mu, *is, a.training,
+            a.silu, grad_input.defined() ? cudaPtr<scalar_t>(grad_input) : nullptr, grads,
+            ws.data_ptr(), sms, stream);
+      });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {grad_input, grad_weight, grad_bias, grad_other};
 }

@@ -18,8 +18,9 @@ at::Tensor outputMeta(const at::Tensor& input, const at::Tensor& other, const at
 
 // NB: sizes checked only where concrete (anySymbolic).
 void checkConcrete(const BatchNormAddDivSwishArgs& a) {
-  if (!anySymbolic({a.input, orUndefined(a.weight), orUndefined(a.bias), a.running_mean,
-                    a.running_var, a.other})) {
+  if (!anySymbolic(
+          {a.input, orUndefined(a.weight), orUndefined(a.bias), a.running_mean, a.running_var,
+           a.other})) {
     checkBatchNormAddDivSwishInputs(a);
   }
 }
@@ -44,11 +45,9 @@ BatchNormAddDivSwishGrads batchNormAddDivSwishBackwardMeta(
   const auto channel = at::empty_symint({a.input.sym_size(1)}, a.input.options().dtype(ct));
   const auto& mask = a.output_mask;
   return {
-      mask[0] ? at::empty_like(a.input) : at::Tensor(),
-      mask[1] ? channel : at::Tensor(),
+      mask[0] ? at::empty_like(a.input) : at::Tensor(), mask[1] ? channel : at::Tensor(),
       mask[2] ? at::empty_like(channel) : at::Tensor(),
-      mask[3] ? at::empty_symint(a.other.sym_sizes(), a.input.options().dtype(ct))
-              : at::Tensor()};
+      mask[3] ? at::empty_symint(a.other.sym_sizes(), a.input.options().dtype(ct)) : at::Tensor()};
 }
 
 } // namespace
