@@ -52,15 +52,23 @@ namespace torchfuse {
 
 namespace {
 using OptTensor = std::optional<at::Tensor>;
-using TrainSignature = at::Tensor(
-    const at::Tensor&, const OptTensor&, const OptTensor&, at::Tensor&,
-    at::Tensor&, bool, double, double, const at::Tensor&, const at::Scalar&, bool);
+// The train and _forward ops' arguments.
+template <typename Ret>
+using TrainSignature =
+    Ret(const at::Tensor&,
+        const OptTensor&,
+        const OptTensor&,
+        at::Tensor&,
+        at::Tensor&,
+        bool,
+        double,
+        double,
+        const at::Tensor&,
+        const at::Scalar&,
+        bool);
 using EvalSignature = at::Tensor(
     const at::Tensor&, const OptTensor&, const OptTensor&, const at::Tensor&,
     const at::Tensor&, double, const at::Tensor&, const at::Scalar&, bool);
-using ForwardSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor>(
-    const at::Tensor&, const OptTensor&, const OptTensor&, at::Tensor&,
-    at::Tensor&, bool, double, double, const at::Tensor&, const at::Scalar&, bool);
 using BackwardSignature = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
     const at::Tensor&, const at::Tensor&, const OptTensor&, const OptTensor&,
     const at::Tensor&, const at::Tensor&, bool, const at::Tensor&,
@@ -79,10 +87,9 @@ at::Tensor custom_batch_norm_add_div_swish(
     const at::Tensor& other,
     const at::Scalar& divisor,
     bool silu) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("torchfuse::custom_batch_norm_add_div_swish", "")
-          .typed<TrainSignature>();
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("torchfuse::custom_batch_norm_add_div_swish", "")
+                       .typed<TrainSignature<at::Tensor>>();
   return op.call(
       input, weight, bias, running_mean, running_var, training, momentum, eps,
       other, divisor, silu);
@@ -98,8 +105,10 @@ at::Tensor custom_batch_norm_add_div_swish_eval(
     const at::Tensor& other,
     const at::Scalar& divisor,
     bool silu) {
-  return ops::batchNormAddDivSwishEval(
-      input, weight, bias, running_mean, running_var, eps, other, divisor, silu);
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("torchfuse::custom_batch_norm_add_div_swish_eval", "")
+                       .typed<EvalSignature>();
+  return op.call(input, weight, bias, running_mean, running_var, eps, other, divisor, silu);
 }
 
 namespace ops {
@@ -140,54 +149,39 @@ bool reducedFloat(at::ScalarType s) {
 }
 
 // The parameters as native batch_norm on the CPU takes them: one dtype,
-// the input's or, for a 16-bit input, float32.  Returns the first one that
-// breaks the rule, with its name, or nullopt.
+// the input's or, for a 16-bit input, float32.
 struct Param {
   const char* name;
   const at::Tensor* tensor;
 };
-std::vector<Param> presentParams(
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& running_mean,
-    const at::Tensor& running_var) {
+std::vector<Param> presentParams(const BatchNormAddDivSwishArgs& a) {
   std::vector<Param> params;
-  if (defined(weight)) {
-    params.push_back({"weight", &*weight});
+  if (defined(a.weight)) {
+    params.push_back({"weight", &*a.weight});
   }
-  if (defined(bias)) {
-    params.push_back({"bias", &*bias});
+  if (defined(a.bias)) {
+    params.push_back({"bias", &*a.bias});
   }
-  params.push_back({"running_mean", &running_mean});
-  params.push_back({"running_var", &running_var});
+  params.push_back({"running_mean", &a.running_mean});
+  params.push_back({"running_var", &a.running_var});
   return params;
 }
 
-bool paramDtypesAsBatchNorm(
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& running_mean,
-    const at::Tensor& running_var) {
-  const auto params = presentParams(weight, bias, running_mean, running_var);
+bool paramDtypesAsBatchNorm(const BatchNormAddDivSwishArgs& a) {
+  const auto params = presentParams(a);
   const auto p = params.front().tensor->scalar_type();
   for (const auto& param : params) {
     if (param.tensor->scalar_type() != p) {
       return false;
     }
   }
-  return p == input.scalar_type() || (reducedFloat(input.scalar_type()) && p == at::kFloat);
+  return p == a.input.scalar_type() || (reducedFloat(a.input.scalar_type()) && p == at::kFloat);
 }
 
-void checkParamDtypes(
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& running_mean,
-    const at::Tensor& running_var) {
-  const auto in = input.scalar_type();
+void checkParamDtypes(const BatchNormAddDivSwishArgs& a) {
+  const auto in = a.input.scalar_type();
   const bool reduced = reducedFloat(in);
-  const auto params = presentParams(weight, bias, running_mean, running_var);
+  const auto params = presentParams(a);
   for (const auto& param : params) {
     const auto p = param.tensor->scalar_type();
     TORCH_CHECK(
@@ -204,6 +198,12 @@ void checkParamDtypes(
         param.tensor->scalar_type());
   }
 }
+
+// NB: the schema's Tensor(a!) is at::Tensor& in C++; see
+// BatchNormAddDivSwishArgs for why the struct holds a const one.
+at::Tensor& written(const at::Tensor& t) {
+  return const_cast<at::Tensor&>(t);
+}
 } // namespace
 
 // NB: each check stands for an error of the original chain (batch_norm's,
@@ -211,51 +211,42 @@ void checkParamDtypes(
 // message; what the chain accepts and the kernels do not takes the reference
 // (batchNormAddDivSwishHandles).  A zero divisor is no error: the chain gives
 // inf/nan.
-void checkBatchNormAddDivSwishInputs(
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& running_mean,
-    const at::Tensor& running_var,
-    const at::Tensor& other) {
+void checkBatchNormAddDivSwishInputs(const BatchNormAddDivSwishArgs& a) {
+  const auto& input = a.input;
   checkDefined(kOp, "input", input);
-  checkDefined(kOp, "running_mean", running_mean);
-  checkDefined(kOp, "running_var", running_var);
-  checkDefined(kOp, "other", other);
+  checkDefined(kOp, "running_mean", a.running_mean);
+  checkDefined(kOp, "running_var", a.running_var);
+  checkDefined(kOp, "other", a.other);
   TORCH_CHECK(
       input.dim() >= 2, kOp, ": expected input to be at least 2-D (N, C, *), got ",
       input.dim(), "-D");
   checkFloating(kOp, "input", input);
   const int64_t channels = input.size(1);
-  if (defined(weight)) {
-    checkAffine("weight", *weight, input, channels);
+  if (defined(a.weight)) {
+    checkAffine("weight", *a.weight, input, channels);
   }
-  if (defined(bias)) {
-    checkAffine("bias", *bias, input, channels);
+  if (defined(a.bias)) {
+    checkAffine("bias", *a.bias, input, channels);
   }
-  checkRunningStat("running_mean", running_mean, input, channels);
-  checkRunningStat("running_var", running_var, input, channels);
+  checkRunningStat("running_mean", a.running_mean, input, channels);
+  checkRunningStat("running_var", a.running_var, input, channels);
   // NB: the CPU's batch_norm refuses every other mix of dtypes; on CUDA some
   // run (e.g. float64 running statistics without weight), and there such
   // mixes take the reference.
   if (input.is_cpu()) {
-    checkParamDtypes(input, weight, bias, running_mean, running_var);
+    checkParamDtypes(a);
   }
-  if (!(other.dim() == 0 && other.is_cpu())) {  // add takes a 0-dim CPU tensor anywhere
-    checkSameDevice(kOp, "other", other, input);
+  if (!(a.other.dim() == 0 && a.other.is_cpu())) { // add takes a 0-dim CPU tensor anywhere
+    checkSameDevice(kOp, "other", a.other, input);
   }
-  checkBroadcastable(kOp, other, input.sizes());
+  checkBroadcastable(kOp, a.other, input.sizes());
 }
 
-bool batchNormAddDivSwishHandles(
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& running_mean,
-    const at::Tensor& running_var,
-    const at::Tensor& other) {
-  for (const auto& t : {input, orUndefined(weight), orUndefined(bias), running_mean, running_var,
-                        other}) {
+bool batchNormAddDivSwishHandles(const BatchNormAddDivSwishArgs& a) {
+  const auto& input = a.input;
+  for (const auto& t :
+       {input, orUndefined(a.weight), orUndefined(a.bias), a.running_mean, a.running_var,
+        a.other}) {
     if (!isPlainDenseTensor(t)) {
       return false;
     }
@@ -265,21 +256,26 @@ bool batchNormAddDivSwishHandles(
   }
   // NB: batch_norm takes a weight or bias of C elements in any shape.
   const int64_t channels = input.size(1);
-  for (const auto* t : {&weight, &bias}) {
+  for (const auto* t : {&a.weight, &a.bias}) {
     if (defined(*t) && (*t)->dim() != 1 && (*t)->numel() == channels) {
       return false;
     }
   }
   if (!input.is_cpu()) {
-    if (other.defined() && other.dim() == 0 && other.is_cpu()) {
+    if (a.other.defined() && a.other.dim() == 0 && a.other.is_cpu()) {
       return false;  // the kernels read other on the input's device
     }
-    if (running_mean.defined() && running_var.defined() &&
-        !paramDtypesAsBatchNorm(input, weight, bias, running_mean, running_var)) {
+    if (a.running_mean.defined() && a.running_var.defined() && !paramDtypesAsBatchNorm(a)) {
       return false;
     }
   }
   return true;
+}
+
+at::Tensor batchNormOf(const BatchNormAddDivSwishArgs& a) {
+  return at::batch_norm(
+      a.input, a.weight, a.bias, a.running_mean, a.running_var, a.training, a.momentum, a.eps,
+      /*cudnn_enabled=*/true);
 }
 
 at::Tensor addDivSwish(
@@ -288,38 +284,8 @@ at::Tensor addDivSwish(
   return silu ? at::silu(t) : at::mul(t, at::sigmoid(t));
 }
 
-at::Tensor batchNormAddDivSwishReference(
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    at::Tensor& running_mean,
-    at::Tensor& running_var,
-    bool training,
-    double momentum,
-    double eps,
-    const at::Tensor& other,
-    const at::Scalar& divisor,
-    bool silu) {
-  const auto bn = at::batch_norm(
-      input, weight, bias, running_mean, running_var, training, momentum, eps,
-      /*cudnn_enabled=*/true);
-  return addDivSwish(bn, other, divisor, silu);
-}
-
-at::Tensor batchNormAddDivSwishEvalReference(
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& running_mean,
-    const at::Tensor& running_var,
-    double eps,
-    const at::Tensor& other,
-    const at::Scalar& divisor,
-    bool silu) {
-  const auto bn = at::batch_norm(
-      input, weight, bias, running_mean, running_var, /*training=*/false,
-      /*momentum=*/0.0, eps, /*cudnn_enabled=*/true);
-  return addDivSwish(bn, other, divisor, silu);
+at::Tensor batchNormAddDivSwishReference(const BatchNormAddDivSwishArgs& a) {
+  return addDivSwish(batchNormOf(a), a.other, a.divisor, a.silu);
 }
 
 at::ScalarType batchNormOpmathType(at::ScalarType input) {
@@ -337,64 +303,35 @@ at::ScalarType batchNormBackwardType(at::ScalarType input, at::ScalarType grad_o
   return c10::promoteTypes(base, grad_output);
 }
 
-at::Tensor batchNormAddDivSwishEval(
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& running_mean,
-    const at::Tensor& running_var,
-    double eps,
-    const at::Tensor& other,
-    const at::Scalar& divisor,
-    bool silu) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("torchfuse::custom_batch_norm_add_div_swish_eval", "")
-          .typed<EvalSignature>();
-  return op.call(input, weight, bias, running_mean, running_var, eps, other, divisor, silu);
+at::Tensor batchNormAddDivSwishTrain(const BatchNormAddDivSwishArgs& a) {
+  return custom_batch_norm_add_div_swish(
+      a.input, a.weight, a.bias, written(a.running_mean), written(a.running_var), a.training,
+      a.momentum, a.eps, a.other, a.divisor, a.silu);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForward(
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    at::Tensor& running_mean,
-    at::Tensor& running_var,
-    bool training,
-    double momentum,
-    double eps,
-    const at::Tensor& other,
-    const at::Scalar& divisor,
-    bool silu) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("torchfuse::custom_batch_norm_add_div_swish_forward", "")
-          .typed<ForwardSignature>();
+at::Tensor batchNormAddDivSwishEval(const BatchNormAddDivSwishArgs& a) {
+  TORCH_INTERNAL_ASSERT(!a.training);
+  return custom_batch_norm_add_div_swish_eval(
+      a.input, a.weight, a.bias, a.running_mean, a.running_var, a.eps, a.other, a.divisor, a.silu);
+}
+
+BatchNormAddDivSwishStats batchNormAddDivSwishForward(const BatchNormAddDivSwishArgs& a) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("torchfuse::custom_batch_norm_add_div_swish_forward", "")
+                       .typed<TrainSignature<ops::BatchNormAddDivSwishStats>>();
   return op.call(
-      input, weight, bias, running_mean, running_var, training, momentum, eps,
-      other, divisor, silu);
+      a.input, a.weight, a.bias, written(a.running_mean), written(a.running_var), a.training,
+      a.momentum, a.eps, a.other, a.divisor, a.silu);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-batchNormAddDivSwishBackward(
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& mean,
-    const at::Tensor& invstd,
-    bool training,
-    const at::Tensor& other,
-    const at::Scalar& divisor,
-    std::array<bool, 4> output_mask,
-    bool silu) {
+BatchNormAddDivSwishGrads batchNormAddDivSwishBackward(const BatchNormAddDivSwishBackwardArgs& a) {
   static auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("torchfuse::custom_batch_norm_add_div_swish_backward", "")
           .typed<BackwardSignature>();
   return op.call(
-      grad_output, input, weight, bias, mean, invstd, training, other, divisor,
-      output_mask, silu);
+      a.grad_output, a.input, a.weight, a.bias, a.mean, a.invstd, a.training, a.other, a.divisor,
+      a.output_mask, a.silu);
 }
 
 } // namespace ops
@@ -404,10 +341,5 @@ batchNormAddDivSwishBackward(
 // original chain.
 TORCH_LIBRARY_IMPL(torchfuse, CompositeExplicitAutograd, m) {
   using namespace torchfuse::ops;
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish"),
-      TORCH_FN(batchNormAddDivSwishReference));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish_eval"),
-      TORCH_FN(batchNormAddDivSwishEvalReference));
+  registerBatchNormAddDivSwish<batchNormAddDivSwishReference, batchNormAddDivSwishReference>(m);
 }

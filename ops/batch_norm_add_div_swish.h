@@ -2,45 +2,67 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Scalar.h>
+#include <torch/library.h>
 
 #include <array>
+#include <cstddef>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 
 namespace torchfuse::ops {
 
-// Raises, with the op and argument named, for arguments the original chain
-// also rejects: ranks, sizes, devices, and on the CPU the parameters' dtypes
-// (one dtype, the input's or float32 for a 16-bit input).
-void checkBatchNormAddDivSwishInputs(
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& running_mean,
-    const at::Tensor& running_var,
-    const at::Tensor& other);
+// The arguments of custom_batch_norm_add_div_swish, as its kernels and
+// helpers take them; the _eval op's are the same with training = false and
+// momentum = 0.  `silu` is the swish's spelling in the original: the forward
+// computes silu(t) or t * sigmoid(t), the backward differentiates it as
+// autograd would (see ops/batch_norm_add_div_swish.cpp).
+// NB: references to the dispatcher's arguments, so a value lives no longer
+// than the call that packed it.  running_mean and running_var are written in
+// training (the schema's Tensor(a!)): at::Tensor's in-place ops are const
+// methods, the const is the handle's.
+struct BatchNormAddDivSwishArgs {
+  const at::Tensor& input;
+  const std::optional<at::Tensor>& weight;
+  const std::optional<at::Tensor>& bias;
+  const at::Tensor& running_mean;
+  const at::Tensor& running_var;
+  bool training;
+  double momentum;
+  double eps;
+  const at::Tensor& other;
+  const at::Scalar& divisor;
+  bool silu;
+};
 
-// Whether the op's own kernels take these arguments (both forms): dense
-// strided tensors on CPU, CUDA or Meta (isPlainDenseTensor), a 1-D weight and
-// bias, and off the CPU `other` on the input's device and the parameters'
-// dtypes as the CPU's batch_norm takes them.  Never throws.  Where false,
-// every entry point runs the reference.
-bool batchNormAddDivSwishHandles(
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& running_mean,
-    const at::Tensor& running_var,
-    const at::Tensor& other);
+// The arguments of custom_batch_norm_add_div_swish_backward.  mean and
+// invstd are the batch statistics (training) or the running mean and
+// 1/sqrt(running_var + eps) (eval).  The results are (grad_input,
+// grad_weight, grad_bias, grad_other), each undefined where output_mask is
+// false; grad_other has other's shape (the gradient of `batch_norm + other`
+// summed to it).
+struct BatchNormAddDivSwishBackwardArgs {
+  const at::Tensor& grad_output;
+  const at::Tensor& input;
+  const std::optional<at::Tensor>& weight;
+  const std::optional<at::Tensor>& bias;
+  const at::Tensor& mean;
+  const at::Tensor& invstd;
+  bool training;
+  const at::Tensor& other;
+  const at::Scalar& divisor;
+  std::array<bool, 4> output_mask;
+  bool silu;
+};
 
-// (bn + other) / divisor, then silu(t) or t * sigmoid(t).
-at::Tensor addDivSwish(
-    const at::Tensor& bn, const at::Tensor& other, const at::Scalar& divisor, bool silu);
+using BatchNormAddDivSwishStats = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+using BatchNormAddDivSwishGrads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
-// The original chain as ATen ops: batch_norm (updating the running
-// statistics once, in training), add, div and the swish's spelling.  ATen's
-// own errors, results and autograd (double backward included).
-at::Tensor batchNormAddDivSwishReference(
+// The kernels registered for the ops, one template a schema: they unpack the
+// dispatcher's arguments into the structs above and call F (every backend's
+// train and forward ops share the first; the _eval op takes the second).
+template <auto F>
+auto batchNormAddDivSwishKernel(
     const at::Tensor& input,
     const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias,
@@ -51,9 +73,14 @@ at::Tensor batchNormAddDivSwishReference(
     double eps,
     const at::Tensor& other,
     const at::Scalar& divisor,
-    bool silu);
+    bool silu) {
+  return F(BatchNormAddDivSwishArgs{
+      input, weight, bias, running_mean, running_var, training, momentum, eps, other, divisor,
+      silu});
+}
 
-at::Tensor batchNormAddDivSwishEvalReference(
+template <auto F>
+at::Tensor batchNormAddDivSwishEvalKernel(
     const at::Tensor& input,
     const std::optional<at::Tensor>& weight,
     const std::optional<at::Tensor>& bias,
@@ -62,7 +89,79 @@ at::Tensor batchNormAddDivSwishEvalReference(
     double eps,
     const at::Tensor& other,
     const at::Scalar& divisor,
+    bool silu) {
+  return F(BatchNormAddDivSwishArgs{
+      input, weight, bias, running_mean, running_var, /*training=*/false, /*momentum=*/0.0, eps,
+      other, divisor, silu});
+}
+
+template <auto F>
+BatchNormAddDivSwishGrads batchNormAddDivSwishBackwardKernel(
+    const at::Tensor& grad_output,
+    const at::Tensor& input,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& mean,
+    const at::Tensor& invstd,
+    bool training,
+    const at::Tensor& other,
+    const at::Scalar& divisor,
+    std::array<bool, 4> output_mask,
+    bool silu) {
+  return F(BatchNormAddDivSwishBackwardArgs{
+      grad_output, input, weight, bias, mean, invstd, training, other, divisor, output_mask, silu});
+}
+
+// Registers one dispatch key's kernels: Train for
+// custom_batch_norm_add_div_swish, Eval for its _eval form, and Forward and
+// Backward for _forward and _backward where not nullptr.
+template <auto Train, auto Eval, auto Forward = nullptr, auto Backward = nullptr>
+void registerBatchNormAddDivSwish(torch::Library& m) {
+  m.impl(
+      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish"),
+      TORCH_FN(batchNormAddDivSwishKernel<Train>));
+  m.impl(
+      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish_eval"),
+      TORCH_FN(batchNormAddDivSwishEvalKernel<Eval>));
+  if constexpr (!std::is_same_v<decltype(Forward), std::nullptr_t>) {
+    m.impl(
+        TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish_forward"),
+        TORCH_FN(batchNormAddDivSwishKernel<Forward>));
+  }
+  if constexpr (!std::is_same_v<decltype(Backward), std::nullptr_t>) {
+    m.impl(
+        TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish_backward"),
+        TORCH_FN(batchNormAddDivSwishBackwardKernel<Backward>));
+  }
+}
+
+// Raises, with the op and argument named, for arguments the original chain
+// also rejects: ranks, sizes, devices, and on the CPU the parameters' dtypes
+// (one dtype, the input's or float32 for a 16-bit input).
+void checkBatchNormAddDivSwishInputs(const BatchNormAddDivSwishArgs& a);
+
+// Whether the op's own kernels take these arguments (both forms): dense
+// strided tensors on CPU, CUDA or Meta (isPlainDenseTensor), a 1-D weight and
+// bias, and off the CPU `other` on the input's device and the parameters'
+// dtypes as the CPU's batch_norm takes them.  Never throws.  Where false,
+// every entry point runs the reference.
+bool batchNormAddDivSwishHandles(const BatchNormAddDivSwishArgs& a);
+
+// The chain's batch_norm as ATen's (updating the running statistics once, in
+// training).
+at::Tensor batchNormOf(const BatchNormAddDivSwishArgs& a);
+
+// (bn + other) / divisor, then silu(t) or t * sigmoid(t).
+at::Tensor addDivSwish(
+    const at::Tensor& bn,
+    const at::Tensor& other,
+    const at::Scalar& divisor,
     bool silu);
+
+// The original chain as ATen ops: batch_norm, add, div and the swish's
+// spelling.  ATen's own errors, results and autograd (double backward
+// included).
+at::Tensor batchNormAddDivSwishReference(const BatchNormAddDivSwishArgs& a);
 
 // The dtype of the saved statistics.
 at::ScalarType batchNormOpmathType(at::ScalarType input);
@@ -72,104 +171,21 @@ at::ScalarType batchNormOpmathType(at::ScalarType input);
 // with grad_output's dtype.
 at::ScalarType batchNormBackwardType(at::ScalarType input, at::ScalarType grad_output);
 
-// Reference kernels: ATen compositions that run on any device.  `silu`
-// (every op's last argument) is the swish's spelling in the original: the
-// forward computes silu(t) or t * sigmoid(t), the backward differentiates it
-// as autograd would (see ops/batch_norm_add_div_swish.cpp).
-at::Tensor batchNormAddDivSwishComposite(
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    at::Tensor& running_mean,
-    at::Tensor& running_var,
-    bool training,
-    double momentum,
-    double eps,
-    const at::Tensor& other,
-    const at::Scalar& divisor,
-    bool silu);
-
-at::Tensor batchNormAddDivSwishEvalComposite(
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& running_mean,
-    const at::Tensor& running_var,
-    double eps,
-    const at::Tensor& other,
-    const at::Scalar& divisor,
-    bool silu);
+// Reference kernels (ops/cpu/): ATen compositions that run on any device.
+at::Tensor batchNormAddDivSwishComposite(const BatchNormAddDivSwishArgs& a);
 
 // Returns (output, save_mean, save_invstd); in eval mode the statistics are
 // empty.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForwardComposite(
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    at::Tensor& running_mean,
-    at::Tensor& running_var,
-    bool training,
-    double momentum,
-    double eps,
-    const at::Tensor& other,
-    const at::Scalar& divisor,
-    bool silu);
+BatchNormAddDivSwishStats batchNormAddDivSwishForwardComposite(const BatchNormAddDivSwishArgs& a);
 
-// mean and invstd are the batch statistics (training) or the running mean and
-// 1/sqrt(running_var + eps) (eval).  Returns (grad_input, grad_weight,
-// grad_bias, grad_other), each undefined where output_mask is false;
-// grad_other has other's shape (the gradient of `batch_norm + other` summed
-// to it).
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-batchNormAddDivSwishBackwardComposite(
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& mean,
-    const at::Tensor& invstd,
-    bool training,
-    const at::Tensor& other,
-    const at::Scalar& divisor,
-    std::array<bool, 4> output_mask,
-    bool silu);
+BatchNormAddDivSwishGrads batchNormAddDivSwishBackwardComposite(
+    const BatchNormAddDivSwishBackwardArgs& a);
 
-at::Tensor batchNormAddDivSwishEval(
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& running_mean,
-    const at::Tensor& running_var,
-    double eps,
-    const at::Tensor& other,
-    const at::Scalar& divisor,
-    bool silu);
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForward(
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    at::Tensor& running_mean,
-    at::Tensor& running_var,
-    bool training,
-    double momentum,
-    double eps,
-    const at::Tensor& other,
-    const at::Scalar& divisor,
-    bool silu);
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-batchNormAddDivSwishBackward(
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& mean,
-    const at::Tensor& invstd,
-    bool training,
-    const at::Tensor& other,
-    const at::Scalar& divisor,
-    std::array<bool, 4> output_mask,
-    bool silu);
+// The ops through the dispatcher: custom_batch_norm_add_div_swish, its
+// _eval form (a.training false), _forward and _backward.
+at::Tensor batchNormAddDivSwishTrain(const BatchNormAddDivSwishArgs& a);
+at::Tensor batchNormAddDivSwishEval(const BatchNormAddDivSwishArgs& a);
+BatchNormAddDivSwishStats batchNormAddDivSwishForward(const BatchNormAddDivSwishArgs& a);
+BatchNormAddDivSwishGrads batchNormAddDivSwishBackward(const BatchNormAddDivSwishBackwardArgs& a);
 
 } // namespace torchfuse::ops

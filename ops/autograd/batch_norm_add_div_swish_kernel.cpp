@@ -14,13 +14,24 @@ using torch::autograd::variable_list;
 
 // Saved: input, weight, bias, other and per-channel statistics; t and
 // sigmoid(t) are recomputed in the backward.  Both Functions take the tensor
-// arguments (input, weight?, bias?, running_mean, running_var, other).
-void saveOptionalPresence(
+// arguments (input, weight?, bias?, running_mean, running_var, other) and the
+// others as BatchNormAddDivSwishArgs orders them.
+void saveArgs(AutogradContext* ctx, const BatchNormAddDivSwishArgs& a) {
+  ctx->saved_data["has_weight"] = a.weight.has_value() && a.weight->defined();
+  ctx->saved_data["has_bias"] = a.bias.has_value() && a.bias->defined();
+  ctx->saved_data["eps"] = a.eps;
+  ctx->saved_data["divisor"] = a.divisor;
+  ctx->saved_data["silu"] = a.silu;
+}
+
+// mean and invstd: the batch statistics (training) or the running ones.
+void saveTensors(
     AutogradContext* ctx,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias) {
-  ctx->saved_data["has_weight"] = weight.has_value() && weight->defined();
-  ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    const BatchNormAddDivSwishArgs& a,
+    const at::Tensor& mean,
+    const at::Tensor& invstd) {
+  ctx->save_for_backward(
+      {a.input, orUndefined(a.weight), orUndefined(a.bias), a.other, mean, invstd});
 }
 
 variable_list backwardFromSaved(
@@ -58,50 +69,36 @@ variable_list backwardFromSaved(
                  .add(ctx->saved_data["eps"].toDouble())
                  .rsqrt();
   }
+  const auto weight = toOptional(saved[1]);
+  const auto bias = toOptional(saved[2]);
+  const auto divisor = ctx->saved_data["divisor"].toScalar();
+  const std::array<bool, 4> mask{needs(0), needs(1), needs(2), needs(5)};
+  const bool silu = ctx->saved_data["silu"].toBool();
   auto [grad_input, grad_weight, grad_bias, grad_other] = batchNormAddDivSwishBackward(
-      grad_output, input, toOptional(saved[1]), toOptional(saved[2]), mean, invstd,
-      training, other, ctx->saved_data["divisor"].toScalar(),
-      {needs(0), needs(1), needs(2), needs(5)}, ctx->saved_data["silu"].toBool());
+      {grad_output, input, weight, bias, mean, invstd, training, other, divisor, mask, silu});
   return {grad_input, grad_weight, grad_bias, grad_other};
 }
 
-class BatchNormAddDivSwishFunction
-    : public torch::autograd::Function<BatchNormAddDivSwishFunction> {
+// The Functions of the train op and of its _eval form (eval: the running
+// statistics are read-only; its arguments have training false).
+// NB: apply takes the struct's fields one by one, as it records an edge for
+// each tensor argument; forward packs them again.
+template <typename Derived, bool eval>
+class BatchNormAddDivSwishFunctionBase : public torch::autograd::Function<Derived> {
  public:
-  static at::Tensor forward(
-      AutogradContext* ctx,
-      const at::Tensor& input,
-      const std::optional<at::Tensor>& weight,
-      const std::optional<at::Tensor>& bias,
-      at::Tensor running_mean,
-      at::Tensor running_var,
-      bool training,
-      double momentum,
-      double eps,
-      const at::Tensor& other,
-      const at::Scalar& divisor,
-      bool silu) {
+  template <typename... Args>
+  static at::Tensor forward(AutogradContext* ctx, const Args&... args) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    saveOptionalPresence(ctx, weight, bias);
-    ctx->saved_data["training"] = training;
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["divisor"] = divisor;
-    ctx->saved_data["silu"] = silu;
-    if (!training) {
-      auto out = custom_batch_norm_add_div_swish(
-          input, weight, bias, running_mean, running_var, training, momentum, eps,
-          other, divisor, silu);
-      ctx->save_for_backward(
-          {input, orUndefined(weight), orUndefined(bias), other, running_mean,
-           running_var});
+    const BatchNormAddDivSwishArgs a{args...};
+    saveArgs(ctx, a);
+    ctx->saved_data["training"] = a.training;
+    if (eval || !a.training) {
+      auto out = eval ? batchNormAddDivSwishEval(a) : batchNormAddDivSwishTrain(a);
+      saveTensors(ctx, a, a.running_mean, a.running_var);
       return out;
     }
-    auto [out, save_mean, save_invstd] = batchNormAddDivSwishForward(
-        input, weight, bias, running_mean, running_var, training, momentum, eps,
-        other, divisor, silu);
-    ctx->save_for_backward(
-        {input, orUndefined(weight), orUndefined(bias), other, save_mean,
-         save_invstd});
+    auto [out, save_mean, save_invstd] = batchNormAddDivSwishForward(a);
+    saveTensors(ctx, a, save_mean, save_invstd);
     return out;
   }
 
@@ -111,72 +108,33 @@ class BatchNormAddDivSwishFunction
     return {g[0], g[1], g[2], at::Tensor(), at::Tensor(), at::Tensor(),
             at::Tensor(), at::Tensor(), g[3], at::Tensor(), at::Tensor()};
   }
-};
 
-class BatchNormAddDivSwishEvalFunction
-    : public torch::autograd::Function<BatchNormAddDivSwishEvalFunction> {
- public:
-  static at::Tensor forward(
-      AutogradContext* ctx,
-      const at::Tensor& input,
-      const std::optional<at::Tensor>& weight,
-      const std::optional<at::Tensor>& bias,
-      const at::Tensor& running_mean,
-      const at::Tensor& running_var,
-      double eps,
-      const at::Tensor& other,
-      const at::Scalar& divisor,
-      bool silu) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    saveOptionalPresence(ctx, weight, bias);
-    ctx->saved_data["eps"] = eps;
-    ctx->saved_data["divisor"] = divisor;
-    ctx->saved_data["silu"] = silu;
-    ctx->save_for_backward(
-        {input, orUndefined(weight), orUndefined(bias), other, running_mean,
-         running_var});
-    return batchNormAddDivSwishEval(
-        input, weight, bias, running_mean, running_var, eps, other, divisor, silu);
-  }
-
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const auto g = backwardFromSaved(ctx, grads[0], /*training=*/false);
-    return {g[0], g[1], g[2], at::Tensor(), at::Tensor(), at::Tensor(), g[3], at::Tensor(),
-            at::Tensor()};
-  }
-};
-
-at::Tensor batchNormAddDivSwishAutograd(
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    at::Tensor& running_mean,
-    at::Tensor& running_var,
-    bool training,
-    double momentum,
-    double eps,
-    const at::Tensor& other,
-    const at::Scalar& divisor,
-    bool silu) {
-  if (!batchNormAddDivSwishHandles(input, weight, bias, running_mean, running_var, other)) {
-    // NB: with autograd on: ATen records the original chain's own graph, and
-    // batch_norm updates the running statistics once.
-    return batchNormAddDivSwishReference(
-        input, weight, bias, running_mean, running_var, training, momentum, eps, other, divisor,
-        silu);
-  }
-  at::Tensor out;
-  if (!needsGraph(input, weight, bias, other)) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    out = custom_batch_norm_add_div_swish(
-        input, weight, bias, running_mean, running_var, training, momentum, eps,
-        other, divisor, silu);
-  } else {
+  static at::Tensor run(const BatchNormAddDivSwishArgs& a) {
     // NB: absent weight and bias go to apply as optionals, which apply skips;
     // undefined at::Tensor inputs fail there ("tensor does not have a device").
-    out = BatchNormAddDivSwishFunction::apply(
-        input, weight, bias, running_mean, running_var,
-        training, momentum, eps, other, divisor, silu);
+    return Derived::apply(
+        a.input, a.weight, a.bias, a.running_mean, a.running_var, a.training, a.momentum, a.eps,
+        a.other, a.divisor, a.silu);
+  }
+};
+
+class BatchNormAddDivSwishFunction
+    : public BatchNormAddDivSwishFunctionBase<BatchNormAddDivSwishFunction, false> {};
+class BatchNormAddDivSwishEvalFunction
+    : public BatchNormAddDivSwishFunctionBase<BatchNormAddDivSwishEvalFunction, true> {};
+
+at::Tensor batchNormAddDivSwishAutograd(const BatchNormAddDivSwishArgs& a) {
+  if (!batchNormAddDivSwishHandles(a)) {
+    // NB: with autograd on: ATen records the original chain's own graph, and
+    // batch_norm updates the running statistics once.
+    return batchNormAddDivSwishReference(a);
+  }
+  at::Tensor out;
+  if (!needsGraph(a.input, a.weight, a.bias, a.other)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    out = batchNormAddDivSwishTrain(a);
+  } else {
+    out = BatchNormAddDivSwishFunction::run(a);
   }
   // NB: the running statistics' version counters stay as they are, as
   // aten::batch_norm leaves them: where an eval-mode batch_norm saved the
@@ -185,54 +143,27 @@ at::Tensor batchNormAddDivSwishAutograd(
   return out;
 }
 
-at::Tensor batchNormAddDivSwishEvalAutograd(
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& running_mean,
-    const at::Tensor& running_var,
-    double eps,
-    const at::Tensor& other,
-    const at::Scalar& divisor,
-    bool silu) {
-  if (!batchNormAddDivSwishHandles(input, weight, bias, running_mean, running_var, other)) {
-    return batchNormAddDivSwishEvalReference(
-        input, weight, bias, running_mean, running_var, eps, other, divisor, silu);
+at::Tensor batchNormAddDivSwishEvalAutograd(const BatchNormAddDivSwishArgs& a) {
+  if (!batchNormAddDivSwishHandles(a)) {
+    return batchNormAddDivSwishReference(a);
   }
-  if (!needsGraph(input, weight, bias, other)) {
+  if (!needsGraph(a.input, a.weight, a.bias, a.other)) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    return batchNormAddDivSwishEval(
-        input, weight, bias, running_mean, running_var, eps, other, divisor, silu);
+    return batchNormAddDivSwishEval(a);
   }
-  return BatchNormAddDivSwishEvalFunction::apply(
-      input, weight, bias, running_mean, running_var, eps, other, divisor, silu);
+  return BatchNormAddDivSwishEvalFunction::run(a);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-batchNormAddDivSwishBackwardAutograd(
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& mean,
-    const at::Tensor& invstd,
-    bool training,
-    const at::Tensor& other,
-    const at::Scalar& divisor,
-    std::array<bool, 4> output_mask,
-    bool silu) {
-  if (needsGraph(grad_output, input, weight, bias, mean, invstd, other)) {
+BatchNormAddDivSwishGrads batchNormAddDivSwishBackwardAutograd(
+    const BatchNormAddDivSwishBackwardArgs& a) {
+  if (needsGraph(a.grad_output, a.input, a.weight, a.bias, a.mean, a.invstd, a.other)) {
     // NB: a backward with create_graph=True (or a direct call that records a
     // graph): the composite's ATen ops record the double backward's graph.
     // The plain backward keeps the device kernels below.
-    return batchNormAddDivSwishBackwardComposite(
-        grad_output, input, weight, bias, mean, invstd, training, other, divisor, output_mask,
-        silu);
+    return batchNormAddDivSwishBackwardComposite(a);
   }
   at::AutoDispatchBelowADInplaceOrView guard;
-  return batchNormAddDivSwishBackward(
-      grad_output, input, weight, bias, mean, invstd, training, other, divisor,
-      output_mask, silu);
+  return batchNormAddDivSwishBackward(a);
 }
 
 } // namespace
@@ -240,13 +171,7 @@ batchNormAddDivSwishBackwardAutograd(
 
 TORCH_LIBRARY_IMPL(torchfuse, Autograd, m) {
   using namespace torchfuse::ops;
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish"),
-      TORCH_FN(batchNormAddDivSwishAutograd));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish_eval"),
-      TORCH_FN(batchNormAddDivSwishEvalAutograd));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish_backward"),
-      TORCH_FN(batchNormAddDivSwishBackwardAutograd));
+  registerBatchNormAddDivSwish<
+      batchNormAddDivSwishAutograd, batchNormAddDivSwishEvalAutograd, nullptr,
+      batchNormAddDivSwishBackwardAutograd>(m);
 }

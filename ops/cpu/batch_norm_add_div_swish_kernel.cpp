@@ -15,90 +15,38 @@ at::Tensor perChannel(const at::Tensor& t, int64_t dim) {
 
 } // namespace
 
-at::Tensor batchNormAddDivSwishComposite(
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    at::Tensor& running_mean,
-    at::Tensor& running_var,
-    bool training,
-    double momentum,
-    double eps,
-    const at::Tensor& other,
-    const at::Scalar& divisor,
-    bool silu) {
-  if (batchNormAddDivSwishHandles(input, weight, bias, running_mean, running_var, other)) {
-    checkBatchNormAddDivSwishInputs(input, weight, bias, running_mean, running_var, other);
+at::Tensor batchNormAddDivSwishComposite(const BatchNormAddDivSwishArgs& a) {
+  if (batchNormAddDivSwishHandles(a)) {
+    checkBatchNormAddDivSwishInputs(a);
   }
-  return batchNormAddDivSwishReference(
-      input, weight, bias, running_mean, running_var, training, momentum, eps, other, divisor,
-      silu);
+  return batchNormAddDivSwishReference(a);
 }
 
-at::Tensor batchNormAddDivSwishEvalComposite(
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& running_mean,
-    const at::Tensor& running_var,
-    double eps,
-    const at::Tensor& other,
-    const at::Scalar& divisor,
-    bool silu) {
-  if (batchNormAddDivSwishHandles(input, weight, bias, running_mean, running_var, other)) {
-    checkBatchNormAddDivSwishInputs(input, weight, bias, running_mean, running_var, other);
-  }
-  return batchNormAddDivSwishEvalReference(
-      input, weight, bias, running_mean, running_var, eps, other, divisor, silu);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForwardComposite(
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    at::Tensor& running_mean,
-    at::Tensor& running_var,
-    bool training,
-    double momentum,
-    double eps,
-    const at::Tensor& other,
-    const at::Scalar& divisor,
-    bool silu) {
-  checkBatchNormAddDivSwishInputs(input, weight, bias, running_mean, running_var, other);
+BatchNormAddDivSwishStats batchNormAddDivSwishForwardComposite(const BatchNormAddDivSwishArgs& a) {
+  checkBatchNormAddDivSwishInputs(a);
+  const auto& input = a.input;
   const auto stats = input.options().dtype(batchNormOpmathType(input.scalar_type()));
   if (input.numel() == 0) {
     // NB: native_batch_norm refuses empty inputs; batch_norm returns an empty
     // result and leaves the running statistics alone.  The backward of an
     // empty input reads no statistics, so zeros of the right shape do.
-    const auto bn = at::batch_norm(
-        input, weight, bias, running_mean, running_var, training, momentum, eps,
-        /*cudnn_enabled=*/true);
-    const auto zeros = at::zeros({training ? input.size(1) : 0}, stats);
-    return {addDivSwish(bn, other, divisor, silu), zeros, zeros.clone()};
+    const auto bn = batchNormOf(a);
+    const auto zeros = at::zeros({a.training ? input.size(1) : 0}, stats);
+    return {addDivSwish(bn, a.other, a.divisor, a.silu), zeros, zeros.clone()};
   }
   auto [bn, save_mean, save_invstd] = at::native_batch_norm(
-      input, weight, bias, running_mean, running_var, training, momentum, eps);
-  if (!training) {
-    return {addDivSwish(bn, other, divisor, silu), at::empty({0}, stats), at::empty({0}, stats)};
+      input, a.weight, a.bias, a.running_mean, a.running_var, a.training, a.momentum, a.eps);
+  const auto out = addDivSwish(bn, a.other, a.divisor, a.silu);
+  if (!a.training) {
+    return {out, at::empty({0}, stats), at::empty({0}, stats)};
   }
-  return {
-      addDivSwish(bn, other, divisor, silu), save_mean.to(stats.dtype()),
-      save_invstd.to(stats.dtype())};
+  return {out, save_mean.to(stats.dtype()), save_invstd.to(stats.dtype())};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-batchNormAddDivSwishBackwardComposite(
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const std::optional<at::Tensor>& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& mean,
-    const at::Tensor& invstd,
-    bool training,
-    const at::Tensor& other,
-    const at::Scalar& divisor,
-    std::array<bool, 4> output_mask,
-    bool silu) {
+BatchNormAddDivSwishGrads batchNormAddDivSwishBackwardComposite(
+    const BatchNormAddDivSwishBackwardArgs& a) {
+  const auto& [grad_output, input, weight, bias, mean, invstd, training, other, divisor, output_mask, silu] =
+      a;
   const auto ct =
       batchNormBackwardType(input.scalar_type(), grad_output.scalar_type());
   const int64_t dim = input.dim();
@@ -169,16 +117,7 @@ batchNormAddDivSwishBackwardComposite(
 
 TORCH_LIBRARY_IMPL(torchfuse, CPU, m) {
   using namespace torchfuse::ops;
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish"),
-      TORCH_FN(batchNormAddDivSwishComposite));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish_eval"),
-      TORCH_FN(batchNormAddDivSwishEvalComposite));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish_forward"),
-      TORCH_FN(batchNormAddDivSwishForwardComposite));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish_backward"),
-      TORCH_FN(batchNormAddDivSwishBackwardComposite));
+  registerBatchNormAddDivSwish<
+      batchNormAddDivSwishComposite, batchNormAddDivSwishComposite,
+      batchNormAddDivSwishForwardComposite, batchNormAddDivSwishBackwardComposite>(m);
 }

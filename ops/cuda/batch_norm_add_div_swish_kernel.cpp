@@ -1,4 +1,4 @@
-// CUDA kernels of custom_batch_norm_add_div_swish (kernels/elementwise/
+// CUDA kernels of custom_batch_norm_add_div_swish (kernels/batch_norm/
 // batch_norm_add_div_swish.cu) for the common case:
 //   - input (N, C) or (N, C, *), float32 / float16 / bfloat16, dense with the
 //     channel dimension between the others in memory order: contiguous,
@@ -30,13 +30,6 @@ namespace {
 
 namespace k = torchfuse::kernels;
 using OptTensor = std::optional<at::Tensor>;
-
-#define TORCHFUSE_DISPATCH_BN_TYPES(TYPE, NAME, ...)  \
-  AT_DISPATCH_SWITCH(                                 \
-      TYPE, NAME,                                     \
-      AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__)       \
-      AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__)        \
-      AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
 
 std::optional<k::BnDtype> bnDtype(at::ScalarType s) {
   switch (s) {
@@ -131,45 +124,39 @@ struct ForwardPlan {
   k::BnChannelRef running_var;
 };
 
-std::optional<ForwardPlan> forwardPlan(
-    const at::Tensor& input,
-    const OptTensor& weight,
-    const OptTensor& bias,
-    const at::Tensor& running_mean,
-    const at::Tensor& running_var,
-    bool training,
-    const at::Tensor& other,
-    const at::Scalar& divisor) {
+std::optional<ForwardPlan> forwardPlan(const BatchNormAddDivSwishArgs& a) {
+  const auto& input = a.input;
   const auto shape = kernelShape(input);
   if (!shape) {
     return std::nullopt;
   }
   // NB: the parameters share one dtype, float32 or the input's, as native
   // batch_norm requires; other mixes make the composite raise its error.
-  const auto p = running_mean.scalar_type();
+  const auto p = a.running_mean.scalar_type();
   if (p != at::kFloat && p != input.scalar_type()) {
     return std::nullopt;
   }
-  for (const at::Tensor* t : {&running_var, defined(weight) ? &*weight : nullptr,
-                              defined(bias) ? &*bias : nullptr}) {
+  for (const at::Tensor* t :
+       {&a.running_var, defined(a.weight) ? &*a.weight : nullptr,
+        defined(a.bias) ? &*a.bias : nullptr}) {
     if (t != nullptr && t->scalar_type() != p) {
       return std::nullopt;
     }
   }
   // Training writes the running statistics in place: contiguous only.
-  if (training && (!running_mean.is_contiguous() || !running_var.is_contiguous())) {
+  if (a.training && (!a.running_mean.is_contiguous() || !a.running_var.is_contiguous())) {
     return std::nullopt;
   }
   // The composite's result dtype is result_type(input, other).
-  if (at::result_type(input, other) != input.scalar_type()) {
+  if (at::result_type(input, a.other) != input.scalar_type()) {
     return std::nullopt;
   }
-  const auto w = optionalChannelRef(weight, input);
-  const auto b = optionalChannelRef(bias, input);
-  const auto rm = channelRef(running_mean, input);
-  const auto rv = channelRef(running_var, input);
-  const auto s = otherRef(other, input);
-  const auto d = realDivisor(divisor);
+  const auto w = optionalChannelRef(a.weight, input);
+  const auto b = optionalChannelRef(a.bias, input);
+  const auto rm = channelRef(a.running_mean, input);
+  const auto rv = channelRef(a.running_var, input);
+  const auto s = otherRef(a.other, input);
+  const auto d = realDivisor(a.divisor);
   if (!w || !b || !rm || !rv || !s || !d) {
     return std::nullopt;
   }
@@ -195,156 +182,73 @@ k::BnChannelMut mutRef(const at::Tensor& t) {
   return k::BnChannelMut{t.data_ptr(), *bnDtype(t.scalar_type())};
 }
 
-// Training: returns out and fills save_mean / save_invstd when defined.
-at::Tensor trainForwardCuda(
+// Returns out; in training also updates the running statistics and fills
+// save_mean / save_invstd where defined.
+at::Tensor forwardCuda(
     const ForwardPlan& plan,
-    const at::Tensor& input,
-    at::Tensor& running_mean,
-    at::Tensor& running_var,
-    double momentum,
-    double eps,
-    const at::Tensor& save_mean,
-    const at::Tensor& save_invstd) {
+    const BatchNormAddDivSwishArgs& a,
+    const at::Tensor& save_mean = {},
+    const at::Tensor& save_invstd = {}) {
+  const auto& input = a.input;
   c10::cuda::CUDAGuard guard(input.device());
   const int sms = numSms();
   auto out = at::empty_like(input);
   auto ws = workspace(input, plan.shape, sms);
   const auto stream = at::cuda::getCurrentCUDAStream();
-  TORCHFUSE_DISPATCH_BN_TYPES(input.scalar_type(), "custom_batch_norm_add_div_swish", [&] {
-    k::batchNormSwishTrainForward(
-        cudaPtr<scalar_t>(input), cudaPtr<scalar_t>(out), plan.shape, plan.affine,
-        mutRef(running_mean), mutRef(running_var), momentum, eps,
-        save_mean.defined() ? save_mean.data_ptr<float>() : nullptr,
-        save_invstd.defined() ? save_invstd.data_ptr<float>() : nullptr,
-        ws.data_ptr(), sms, stream);
+  TORCHFUSE_DISPATCH_KERNEL_TYPES(input.scalar_type(), "custom_batch_norm_add_div_swish", [&] {
+    if (a.training) {
+      k::batchNormSwishTrainForward(
+          cudaPtr<scalar_t>(input), cudaPtr<scalar_t>(out), plan.shape, plan.affine,
+          mutRef(a.running_mean), mutRef(a.running_var), a.momentum, a.eps,
+          save_mean.defined() ? save_mean.data_ptr<float>() : nullptr,
+          save_invstd.defined() ? save_invstd.data_ptr<float>() : nullptr, ws.data_ptr(), sms,
+          stream);
+    } else {
+      k::batchNormSwishEvalForward(
+          cudaPtr<scalar_t>(input), cudaPtr<scalar_t>(out), plan.shape, plan.affine,
+          plan.running_mean, plan.running_var, a.eps, ws.data_ptr(), sms, stream);
+    }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
 
-at::Tensor evalForwardCuda(const ForwardPlan& plan, const at::Tensor& input, double eps) {
-  c10::cuda::CUDAGuard guard(input.device());
-  const int sms = numSms();
-  auto out = at::empty_like(input);
-  auto ws = workspace(input, plan.shape, sms);
-  const auto stream = at::cuda::getCurrentCUDAStream();
-  TORCHFUSE_DISPATCH_BN_TYPES(input.scalar_type(), "custom_batch_norm_add_div_swish_eval", [&] {
-    k::batchNormSwishEvalForward(
-        cudaPtr<scalar_t>(input), cudaPtr<scalar_t>(out), plan.shape, plan.affine,
-        plan.running_mean, plan.running_var, eps, ws.data_ptr(), sms, stream);
-  });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return out;
+// Both forms: the _eval op's arguments have training false.
+at::Tensor batchNormAddDivSwishCuda(const BatchNormAddDivSwishArgs& a) {
+  if (!batchNormAddDivSwishHandles(a)) {
+    return batchNormAddDivSwishReference(a);
+  }
+  checkBatchNormAddDivSwishInputs(a);
+  const auto plan = forwardPlan(a);
+  if (!plan) {
+    return batchNormAddDivSwishComposite(a);
+  }
+  return forwardCuda(*plan, a);
 }
 
-at::Tensor batchNormAddDivSwishCuda(
-    const at::Tensor& input,
-    const OptTensor& weight,
-    const OptTensor& bias,
-    at::Tensor& running_mean,
-    at::Tensor& running_var,
-    bool training,
-    double momentum,
-    double eps,
-    const at::Tensor& other,
-    const at::Scalar& divisor,
-    bool silu) {
-  if (!batchNormAddDivSwishHandles(input, weight, bias, running_mean, running_var, other)) {
-    return batchNormAddDivSwishReference(
-        input, weight, bias, running_mean, running_var, training, momentum, eps, other, divisor,
-        silu);
-  }
-  checkBatchNormAddDivSwishInputs(input, weight, bias, running_mean, running_var, other);
-  const auto plan = forwardPlan(
-      input, weight, bias, running_mean, running_var, training, other, divisor);
+BatchNormAddDivSwishStats batchNormAddDivSwishForwardCuda(const BatchNormAddDivSwishArgs& a) {
+  checkBatchNormAddDivSwishInputs(a);
+  const auto plan = forwardPlan(a);
   if (!plan) {
-    return batchNormAddDivSwishComposite(
-        input, weight, bias, running_mean, running_var, training, momentum, eps,
-        other, divisor, silu);
-  }
-  if (training) {
-    return trainForwardCuda(
-        *plan, input, running_mean, running_var, momentum, eps, at::Tensor(),
-        at::Tensor());
-  }
-  return evalForwardCuda(*plan, input, eps);
-}
-
-at::Tensor batchNormAddDivSwishEvalCuda(
-    const at::Tensor& input,
-    const OptTensor& weight,
-    const OptTensor& bias,
-    const at::Tensor& running_mean,
-    const at::Tensor& running_var,
-    double eps,
-    const at::Tensor& other,
-    const at::Scalar& divisor,
-    bool silu) {
-  if (!batchNormAddDivSwishHandles(input, weight, bias, running_mean, running_var, other)) {
-    return batchNormAddDivSwishEvalReference(
-        input, weight, bias, running_mean, running_var, eps, other, divisor, silu);
-  }
-  checkBatchNormAddDivSwishInputs(input, weight, bias, running_mean, running_var, other);
-  const auto plan = forwardPlan(
-      input, weight, bias, running_mean, running_var, /*training=*/false, other,
-      divisor);
-  if (!plan) {
-    return batchNormAddDivSwishEvalComposite(
-        input, weight, bias, running_mean, running_var, eps, other, divisor, silu);
-  }
-  return evalForwardCuda(*plan, input, eps);
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> batchNormAddDivSwishForwardCuda(
-    const at::Tensor& input,
-    const OptTensor& weight,
-    const OptTensor& bias,
-    at::Tensor& running_mean,
-    at::Tensor& running_var,
-    bool training,
-    double momentum,
-    double eps,
-    const at::Tensor& other,
-    const at::Scalar& divisor,
-    bool silu) {
-  checkBatchNormAddDivSwishInputs(input, weight, bias, running_mean, running_var, other);
-  const auto plan = forwardPlan(
-      input, weight, bias, running_mean, running_var, training, other, divisor);
-  if (!plan) {
-    return batchNormAddDivSwishForwardComposite(
-        input, weight, bias, running_mean, running_var, training, momentum, eps,
-        other, divisor, silu);
+    return batchNormAddDivSwishForwardComposite(a);
   }
   // Statistics in batchNormOpmathType(input) = float32 for the kernel dtypes.
+  const auto& input = a.input;
   const auto stats = input.options().dtype(at::kFloat);
-  if (!training) {
-    return {evalForwardCuda(*plan, input, eps), at::empty({0}, stats), at::empty({0}, stats)};
+  if (!a.training) {
+    return {forwardCuda(*plan, a), at::empty({0}, stats), at::empty({0}, stats)};
   }
   auto save_mean = at::empty({input.size(1)}, stats);
   auto save_invstd = at::empty({input.size(1)}, stats);
-  auto out = trainForwardCuda(
-      *plan, input, running_mean, running_var, momentum, eps, save_mean, save_invstd);
+  auto out = forwardCuda(*plan, a, save_mean, save_invstd);
   return {out, save_mean, save_invstd};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-batchNormAddDivSwishBackwardCuda(
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const OptTensor& weight,
-    const OptTensor& bias,
-    const at::Tensor& mean,
-    const at::Tensor& invstd,
-    bool training,
-    const at::Tensor& other,
-    const at::Scalar& divisor,
-    std::array<bool, 4> output_mask,
-    bool silu) {
-  const auto fallback = [&] {
-    return batchNormAddDivSwishBackwardComposite(
-        grad_output, input, weight, bias, mean, invstd, training, other, divisor,
-        output_mask, silu);
-  };
+BatchNormAddDivSwishGrads batchNormAddDivSwishBackwardCuda(
+    const BatchNormAddDivSwishBackwardArgs& a) {
+  const auto& grad_output = a.grad_output;
+  const auto& input = a.input;
+  const auto fallback = [&] { return batchNormAddDivSwishBackwardComposite(a); };
   // NB: with grad_output in the input's dtype the composite computes in
   // batchNormBackwardType: float64 for float32 inputs, float32 for 16-bit
   // ones.  The kernels' sums are float64, their per-element terms float64
@@ -357,12 +261,12 @@ batchNormAddDivSwishBackwardCuda(
       grad_output.device() != input.device()) {
     return fallback();
   }
-  const auto w = optionalChannelRef(weight, input);
-  const auto b = optionalChannelRef(bias, input);
-  const auto mu = mean.defined() ? channelRef(mean, input) : std::nullopt;
-  const auto is = invstd.defined() ? channelRef(invstd, input) : std::nullopt;
-  const auto s = other.defined() ? otherRef(other, input) : std::nullopt;
-  const auto d = realDivisor(divisor);
+  const auto w = optionalChannelRef(a.weight, input);
+  const auto b = optionalChannelRef(a.bias, input);
+  const auto mu = a.mean.defined() ? channelRef(a.mean, input) : std::nullopt;
+  const auto is = a.invstd.defined() ? channelRef(a.invstd, input) : std::nullopt;
+  const auto s = a.other.defined() ? otherRef(a.other, input) : std::nullopt;
+  const auto d = realDivisor(a.divisor);
   if (!w || !b || !mu || !is || !s || !d) {
     return fallback();
   }
@@ -376,18 +280,18 @@ batchNormAddDivSwishBackwardCuda(
       batchNormBackwardType(input.scalar_type(), grad_output.scalar_type()));
   const k::BnAffine affine{*w, *b, *s, *d};
   at::Tensor grad_input, grad_weight, grad_bias, grad_other;
-  if (output_mask[0]) {
+  if (a.output_mask[0]) {
     grad_input = at::empty_like(input);
   }
-  if (output_mask[1]) {
+  if (a.output_mask[1]) {
     grad_weight = at::empty({shape->c}, ct);
   }
-  if (output_mask[2]) {
+  if (a.output_mask[2]) {
     grad_bias = at::empty({shape->c}, ct);
   }
-  if (output_mask[3]) {
+  if (a.output_mask[3]) {
     // One value, or C contiguous values along other's channel dimension.
-    grad_other = at::empty(other.sizes(), ct);
+    grad_other = at::empty(a.other.sizes(), ct);
   }
   const auto mut = [](const at::Tensor& t) {
     return t.defined() ? mutRef(t) : k::BnChannelMut{};
@@ -395,33 +299,23 @@ batchNormAddDivSwishBackwardCuda(
   const k::BnParamGrads grads{mut(grad_weight), mut(grad_bias), mut(grad_other)};
   auto ws = workspace(input, *shape, sms);
   const auto stream = at::cuda::getCurrentCUDAStream();
-  TORCHFUSE_DISPATCH_BN_TYPES(input.scalar_type(), "custom_batch_norm_add_div_swish_backward", [&] {
-    k::batchNormSwishBackward(
-        cudaPtr<scalar_t>(g), cudaPtr<scalar_t>(input), *shape, affine, *mu, *is,
-        training, silu, grad_input.defined() ? cudaPtr<scalar_t>(grad_input) : nullptr,
-        grads, ws.data_ptr(), sms, stream);
-  });
+  TORCHFUSE_DISPATCH_KERNEL_TYPES(
+      input.scalar_type(), "custom_batch_norm_add_div_swish_backward", [&] {
+        k::batchNormSwishBackward(
+            cudaPtr<scalar_t>(g), cudaPtr<scalar_t>(input), *shape, affine, *mu, *is, a.training,
+            a.silu, grad_input.defined() ? cudaPtr<scalar_t>(grad_input) : nullptr, grads,
+            ws.data_ptr(), sms, stream);
+      });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {grad_input, grad_weight, grad_bias, grad_other};
 }
-
-#undef TORCHFUSE_DISPATCH_BN_TYPES
 
 } // namespace
 } // namespace torchfuse::ops
 
 TORCH_LIBRARY_IMPL(torchfuse, CUDA, m) {
   using namespace torchfuse::ops;
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish"),
-      TORCH_FN(batchNormAddDivSwishCuda));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish_eval"),
-      TORCH_FN(batchNormAddDivSwishEvalCuda));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish_forward"),
-      TORCH_FN(batchNormAddDivSwishForwardCuda));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_batch_norm_add_div_swish_backward"),
-      TORCH_FN(batchNormAddDivSwishBackwardCuda));
+  registerBatchNormAddDivSwish<
+      batchNormAddDivSwishCuda, batchNormAddDivSwishCuda, batchNormAddDivSwishForwardCuda,
+      batchNormAddDivSwishBackwardCuda>(m);
 }
