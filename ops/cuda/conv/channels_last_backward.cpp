@@ -33,7 +33,7 @@ ConvReluAddGrads backwardChannelsLast(
       kernels::convReluAddGradNchwToNhwcParts(images, channels, positions), channels, src,
       output_mask);
   int64_t parts = 0;
-  TORCHFUSE_CONV_DISPATCH_TYPES(dtype, "custom_conv_relu_add_backward", [&] {
+  TORCHFUSE_DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add_backward", [&] {
     parts = kernels::convReluAddGradNchwToNhwc(
         cudaPtr<scalar_t>(src), mask, cudaPtr<scalar_t>(g), /*tf32=*/dgrad.has_value(), sums.gPtr(),
         sums.dyPtr(), images, channels, positions, stream);
@@ -58,7 +58,7 @@ ConvReluAddGrads backwardChannelsLast(
   const bool cudnn_dgrad = output_mask[0] && !dgrad;
   if (cudnn_dgrad || output_mask[1]) {
     auto x = at::empty_like(input, at::MemoryFormat::ChannelsLast);
-    TORCHFUSE_CONV_DISPATCH_TYPES(dtype, "custom_conv_relu_add_backward", [&] {
+    TORCHFUSE_DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add_backward", [&] {
       kernels::transposeBatched(
           cudaPtr<scalar_t>(input), cudaPtr<scalar_t>(x), input.size(0), input.size(1),
           input.size(2) * input.size(3), stream);
@@ -72,7 +72,7 @@ ConvReluAddGrads backwardChannelsLast(
     if (grad_x.defined()) {
       grad_x = grad_x.contiguous(at::MemoryFormat::ChannelsLast); // cuDNN's is already
       grad_input = at::empty(input.sizes(), input.options());
-      TORCHFUSE_CONV_DISPATCH_TYPES(dtype, "custom_conv_relu_add_backward", [&] {
+      TORCHFUSE_DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add_backward", [&] {
         kernels::transposeBatched(
             cudaPtr<scalar_t>(grad_x), cudaPtr<scalar_t>(grad_input), input.size(0),
             input.size(2) * input.size(3), input.size(1), stream);

@@ -26,7 +26,7 @@ at::Tensor forwardChannelsLastCudnn(
   const int64_t images = input.size(0), in_channels = input.size(1);
   const EpilogueOperands operands(bias, other, p.sizes, 1, dtype);
   auto x = at::empty_like(input, at::MemoryFormat::ChannelsLast);
-  TORCHFUSE_CONV_DISPATCH_TYPES(dtype, "custom_conv_relu_add", [&] {
+  TORCHFUSE_DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add", [&] {
     kernels::transposeBatched(
         cudaPtr<scalar_t>(input), cudaPtr<scalar_t>(x), images, in_channels,
         input.numel() / std::max<int64_t>(1, images * in_channels), stream);
@@ -41,7 +41,7 @@ at::Tensor forwardChannelsLastCudnn(
   }
   const auto e = convExtents(p.sizes, /*batched=*/true);
   auto out = at::empty(p.sizes, input.options());
-  TORCHFUSE_CONV_DISPATCH_TYPES(dtype, "custom_conv_relu_add", [&] {
+  TORCHFUSE_DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add", [&] {
     kernels::convReluAddEpilogueNhwcToNchw(
         cudaPtr<scalar_t>(conv), operands.biasPtr<scalar_t>(), operands.otherPtr<scalar_t>(),
         alpha.toFloat(), cudaPtr<scalar_t>(out), e.images, e.channels, e.positions, stream);

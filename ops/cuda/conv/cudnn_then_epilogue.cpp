@@ -60,7 +60,7 @@ std::tuple<at::Tensor, at::Tensor> forwardCudnnThenEpilogue(
   const EpilogueOperands operands(bias, other, p.sizes, batched ? 1 : 0, dtype);
   uint32_t* mask_ptr = with_mask ? reinterpret_cast<uint32_t*>(mask.data_ptr<uint8_t>()) : nullptr;
   const auto stream = at::cuda::getCurrentCUDAStream();
-  TORCHFUSE_CONV_DISPATCH_TYPES(dtype, "custom_conv_relu_add", [&] {
+  TORCHFUSE_DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add", [&] {
     const auto* bias_ptr = operands.biasPtr<scalar_t>();
     const auto* other_ptr = operands.otherPtr<scalar_t>();
     if (streaming) {

@@ -34,7 +34,7 @@ ConvReluAddGrads backwardMaskedGradThenCudnn(
     g = at::empty(sizes, dy.options());
     parts = kernels::convReluAddGradPartsPositionsInner(e.images, e.channels, e.positions);
     sums.emplace(parts, e.channels, dy, output_mask);
-    TORCHFUSE_CONV_DISPATCH_TYPES(dy.scalar_type(), "custom_conv_relu_add_backward", [&] {
+    TORCHFUSE_DISPATCH_KERNEL_TYPES(dy.scalar_type(), "custom_conv_relu_add_backward", [&] {
       kernels::convReluAddGradProloguePositionsInner(
           cudaPtr<scalar_t>(dy), mask, cudaPtr<scalar_t>(g), sums->gPtr(), sums->dyPtr(), e.images,
           e.channels, e.positions, stream);
@@ -47,7 +47,7 @@ ConvReluAddGrads backwardMaskedGradThenCudnn(
     g = at::empty(sizes, dy.options().memory_format(format));
     parts = kernels::convReluAddGradPartsChannelsInner(e.images, e.channels, e.positions);
     sums.emplace(parts, e.channels, dy, output_mask);
-    TORCHFUSE_CONV_DISPATCH_TYPES(dy.scalar_type(), "custom_conv_relu_add_backward", [&] {
+    TORCHFUSE_DISPATCH_KERNEL_TYPES(dy.scalar_type(), "custom_conv_relu_add_backward", [&] {
       kernels::convReluAddGradPrologueChannelsInner(
           cudaPtr<scalar_t>(dy), /*dy_nchw=*/!isChannelsLast(dy), mask, cudaPtr<scalar_t>(g),
           /*g_nchw=*/false, sums->gPtr(), sums->dyPtr(), e.images, e.channels, e.positions, stream);

@@ -14,13 +14,6 @@
 
 #include "ops/cuda/cuda_types.h"
 
-// The dtypes the kernels take (kernelInputs).
-#define TORCHFUSE_CONV_DISPATCH_TYPES(TYPE, NAME, ...)                                   \
-  AT_DISPATCH_SWITCH(                                                                    \
-      TYPE, NAME,                                                                        \
-      AT_DISPATCH_CASE(at::kFloat, __VA_ARGS__) AT_DISPATCH_CASE(at::kHalf, __VA_ARGS__) \
-          AT_DISPATCH_CASE(at::kBFloat16, __VA_ARGS__))
-
 namespace torchfuse::ops::conv_cuda {
 
 // One call's convolution: its arguments and the conv output's sizes
