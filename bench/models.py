@@ -600,7 +600,8 @@ def markdown_section(data: dict, png_rel: Optional[str] = None, level: int = 2) 
           f"- Produced by `python bench/models.py` (slices merged by model/mode/variant); flags as PyTorch's "
           f"defaults: matmul allow_tf32={fl.get('matmul_allow_tf32')}, cuDNN allow_tf32={fl.get('cudnn_allow_tf32')}, "
           f"NNC {'on' if fl.get('texpr_fuser') else 'off'}",
-          "- Median ms of ≥ 20 runs (CUDA events) after a warm-up that includes the profiling runs. "
+          f"- Median ms of ≥ {data.get('timing', {}).get('min_reps', '?')} runs "
+          f"({data.get('timing', {}).get('method', '?')}) after a warm-up that includes the profiling runs. "
           "*torchfuse* is compared with *TorchScript* (script, or trace for BERT), *tf-freeze* "
           "(`optimize(freeze=True)`) with *freeze*, both measured in the same process: > 1× is faster; "
           "mem is the ratio of the peak memory of one step (< 1× uses less).", ""]
@@ -672,17 +673,22 @@ def chart(data: dict, png: str) -> bool:
     if not keys:
         print("models: no torchfuse comparisons, no chart", file=sys.stderr)
         return False
-    fig, ax = plt.subplots(figsize=(max(8, 0.55 * len(keys)), 4.8))
+    fig, (ax, axm) = plt.subplots(2, 1, figsize=(max(8, 0.55 * len(keys)), 7.5), sharex=True,
+                                  gridspec_kw={"height_ratios": [2, 1]})
     width = 0.4
-    for k, (v, label) in enumerate((("torchfuse", "optimize vs TorchScript"),
-                                    ("torchfuse_freeze", "optimize(freeze=True) vs freeze"))):
-        vals = [((g[key].get(v) or {}).get("vs_baseline") or {}).get("speedup") or 0 for key in keys]
-        ax.bar([i + (k - 0.5) * width for i in range(len(keys))], vals, width, label=label)
-    ax.axhline(1.0, color="black", linewidth=0.8)
+    pairs = (("torchfuse", "optimize vs TorchScript"), ("torchfuse_freeze", "optimize(freeze=True) vs freeze"))
+    for k, (v, label) in enumerate(pairs):
+        base = [((g[key].get(v) or {}).get("vs_baseline") or {}) for key in keys]
+        xs = [i + (k - 0.5) * width for i in range(len(keys))]
+        ax.bar(xs, [b.get("speedup") or 0 for b in base], width, label=label, color=f"C{k}")
+        axm.bar(xs, [b.get("mem_ratio") or 0 for b in base], width, color=f"C{k}")
+    for a in (ax, axm):
+        a.axhline(1.0, color="black", linewidth=0.8)
     ax.axhline(0.98, color="red", linewidth=0.6, linestyle="--", label="0.98×")
-    ax.set_xticks(range(len(keys)))
-    ax.set_xticklabels([f"{m}\n{mode}" for m, mode in keys], fontsize=7, rotation=45, ha="right")
+    axm.set_xticks(range(len(keys)))
+    axm.set_xticklabels([f"{m}\n{mode}" for m, mode in keys], fontsize=7, rotation=45, ha="right")
     ax.set_ylabel("speedup of torchfuse (×)")
+    axm.set_ylabel("peak memory ratio (×)", fontsize=8)
     title = f"torchfuse vs the TorchScript module it replaces, {data.get('gpu')}, torch {data.get('torch')}"
     if data.get("dry_run"):
         title = "DRY RUN (CPU, not measurements): " + title
