@@ -18,8 +18,12 @@ PY
 }
 # NB: an existing cached venv that lacks one of these (a requirement added
 # later) gets requirements-test.txt installed into it on the next run.
+# (found, not imported: importing transformers takes seconds)
 has_test_deps() {
-  "$1" -c "import pytest, numpy, torchvision, transformers, matplotlib" >/dev/null 2>&1
+  "$1" - <<'PY' >/dev/null 2>&1
+import importlib.util, sys
+sys.exit(0 if all(importlib.util.find_spec(m) for m in ("pytest", "numpy", "torchvision", "transformers", "matplotlib")) else 1)
+PY
 }
 
 python=""
