@@ -65,7 +65,6 @@ import argparse
 import collections
 import contextlib
 import datetime
-import gc
 import json
 import math
 import os
