@@ -7,12 +7,20 @@
 #
 #   bench/gpu_check.sh                 # build, test, bench
 #   bench/gpu_check.sh build bench     # only these stages (the bench gets the time)
+#   BENCH_MODELS_ARGS="--variants torchscript,torchfuse" bench/gpu_check.sh build models
+#
+# Stages: build, test, bench (bench/benchmark.py, the seed workloads), models
+# (bench/models.py, the model zoo: at most MODELS_S seconds, default 500; its
+# results merge into bench/results/models-<gpu>.json of the tree, so that
+# slices of it run in several calls add up).
 #
 # Environment: OUT (logs and results go there: log.txt, results.json,
-# performance.md, speedup.png; default BUILD_DIR/gpu-check), BUILD_DIR
-# (default build-gpu), TOTAL_S, BENCH_ARGS (extra bench/benchmark.py
-# arguments, e.g. "--workloads relu"), TORCHFUSE_COMMIT (commit to record
-# where the tree has no .git).
+# performance.md, speedup.png, models.json, models.md, models.png; default
+# BUILD_DIR/gpu-check), BUILD_DIR (default build-gpu), TOTAL_S, BENCH_ARGS
+# (extra bench/benchmark.py arguments, e.g. "--workloads relu"),
+# BENCH_MODELS_ARGS (extra bench/models.py arguments: --models, --modes,
+# --variants), MODELS_S, TORCHFUSE_COMMIT (commit to record where the tree
+# has no .git).
 #
 # GoogleTest: if none is installed, CMake builds it from .deps/googletest
 # (a copy of /usr/src/googletest), else from /usr/src/googletest if present.
@@ -26,6 +34,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 TOTAL_S=${TOTAL_S:-530}
+MODELS_S=${MODELS_S:-500}
 stages=${*:-build test bench}
 start=$(date +%s)
 out=${OUT:-$root/$BUILD_DIR/gpu-check}
@@ -53,7 +62,7 @@ say "== gpu_check: $(date '+%Y-%m-%dT%H:%M:%S'), stages: $stages, budget ${TOTAL
 
 # ---- build
 built=0
-if has_stage build || has_stage test || has_stage bench; then
+if has_stage build || has_stage test || has_stage bench || has_stage models; then
   cmake_args=${CMAKE_ARGS:-}
   if [ ! -f .deps/googletest/CMakeLists.txt ] && [ -f /usr/src/googletest/CMakeLists.txt ]; then
     cmake_args="$cmake_args -DTORCHFUSE_GTEST_SOURCE_DIR=/usr/src/googletest"
@@ -88,7 +97,7 @@ fi
 # ---- tests
 if has_stage test; then
   if [ $built = 1 ]; then
-    reserve=$(has_stage bench && echo 200 || echo 10)
+    reserve=$(( 10 + $(has_stage bench && echo 190 || echo 0) + $(has_stage models && echo 240 || echo 0) ))
     t=$(min 450 "$(( $(left) - reserve ))")
     if [ "$t" -lt 30 ]; then t=30; fi
     say "== tests (tools/run_tests.sh, limit ${t} s)"
@@ -115,7 +124,13 @@ fi
 # ---- benchmarks
 if has_stage bench; then
   if [ $built = 1 ]; then
+    # NB: with the models stage after it, the seed benchmarks leave it the
+    # larger of half of what is left and 240 s (at most MODELS_S)
     t=$(( $(left) - 25 ))
+    if has_stage models; then
+      m=$(( $(left) / 2 > 240 ? $(left) / 2 : 240 ))
+      t=$(( t - (m < MODELS_S ? m : MODELS_S) ))
+    fi
     if [ "$t" -lt 60 ]; then t=60; fi
     say "== benchmarks (limit ${t} s)"
     t0=$(date +%s)
@@ -146,11 +161,48 @@ if has_stage bench; then
   fi
 fi
 
+# ---- model zoo
+if has_stage models; then
+  if [ $built = 1 ]; then
+    t=$(min "$MODELS_S" "$(( $(left) - 25 ))")
+    say "== models (bench/models.py ${BENCH_MODELS_ARGS:-}, limit ${t} s)"
+    t0=$(date +%s)
+    # shellcheck disable=SC1091
+    ( export TORCHFUSE_BUILD_DIR="$root/$BUILD_DIR"; source ./env.sh
+      # shellcheck disable=SC2086
+      OUT="$out" timeout -k 10 "$t" python bench/models.py --budget-s $(( t - 20 )) \
+        --unit-timeout-s $(( t / 2 )) ${BENCH_MODELS_ARGS:-} ) >> "$log" 2>&1
+    rc=$?
+    grep -E "^models:|^  SKIP |WRONG" "$log" | tail -30
+    if [ $rc -ne 0 ]; then
+      status=1
+      note "models: FAILED (rc $rc$([ $rc -ge 124 ] && echo ', time limit'), $(( $(date +%s) - t0 )) s)"
+    else
+      note "models: ok ($(( $(date +%s) - t0 )) s)"
+    fi
+    if [ -f "$out/models.json" ]; then
+      ( export TORCHFUSE_BUILD_DIR="$root/$BUILD_DIR"; source ./env.sh
+        python bench/models.py --report "$out/models.json" --md "$out/models.md" --png "$out/models.png" ) \
+        >> "$log" 2>&1 || note "models report: FAILED (see log.txt)"
+    else
+      status=1
+      note "models: no models.json written"
+    fi
+  else
+    status=1
+    note "models: NOT RUN (no build)"
+  fi
+fi
+
 say ""
 say "== summary ($(( $(date +%s) - start )) s, exit $status)"
 for s in "${summary[@]}"; do say "   $s"; done
 if [ -f "$out/results.json" ]; then
   ( export TORCHFUSE_BUILD_DIR="$root/$BUILD_DIR"; source ./env.sh >/dev/null 2>&1
     python bench/report.py "$out/results.json" --short ) 2>&1 | tee -a "$log"
+fi
+if has_stage models && [ -f "$out/models.json" ]; then
+  ( export TORCHFUSE_BUILD_DIR="$root/$BUILD_DIR"; source ./env.sh >/dev/null 2>&1
+    python bench/models.py --short "$out/models.json" ) 2>&1 | tee -a "$log"
 fi
 exit $status

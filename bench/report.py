@@ -5,6 +5,8 @@ bar chart of torchfuse's speedups (docs/performance.png).
     python bench/report.py bench/results/nvidia-h100-80gb-hbm3.json
     python bench/report.py RESULTS.json --md OUT.md --png OUT.png
     python bench/report.py RESULTS.json --short       # the short table only
+    python bench/report.py RESULTS.json --models bench/results/models-GPU.json
+                              # with the model zoo's section (bench/models.py)
 
 Without a path it takes the newest JSON under bench/results/.
 """
@@ -336,6 +338,10 @@ def main(argv=None) -> int:
     ap.add_argument("--md", default=os.path.join(ROOT, "docs", "performance.md"))
     ap.add_argument("--png", default=os.path.join(ROOT, "docs", "performance.png"))
     ap.add_argument("--short", action="store_true", help="print the short table only, write nothing")
+    ap.add_argument("--models", default=None, metavar="JSON",
+                    help="a bench/models.py results JSON: its section and chart are added to the page")
+    ap.add_argument("--models-png", default=None,
+                    help="the model zoo's chart (default: the --png path with -models before .png)")
     a = ap.parse_args(argv)
     path = a.json
     if not path:
@@ -351,11 +357,24 @@ def main(argv=None) -> int:
     cmdline = "python bench/report.py " + " ".join(argv if argv is not None else sys.argv[1:])
     png_rel = os.path.relpath(os.path.abspath(a.png), os.path.dirname(os.path.abspath(a.md)))
     md = markdown(data, path, cmdline.strip(), png_rel)
+    made = chart(data, a.png)
+    written = [a.md] + ([a.png] if made else [])
+    if a.models:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import models as zoo  # bench/models.py
+
+        mpng = a.models_png or os.path.splitext(a.png)[0] + "-models.png"
+        mdata = load(a.models)
+        mrel = None
+        if zoo.chart(mdata, mpng):
+            written.append(mpng)
+            mrel = os.path.relpath(os.path.abspath(mpng), os.path.dirname(os.path.abspath(a.md)))
+        rel = os.path.relpath(a.models, ROOT) if os.path.isabs(a.models) else a.models
+        md += "\n" + zoo.markdown_section(mdata, mrel) + f"\nResults file: `{rel}`.\n"
     os.makedirs(os.path.dirname(os.path.abspath(a.md)), exist_ok=True)
     with open(a.md, "w") as f:
         f.write(md + "\n")
-    made = chart(data, a.png)
-    print(f"report: wrote {a.md}" + (f" and {a.png}" if made else ""))
+    print("report: wrote " + " and ".join(written))
     return 0
 
 

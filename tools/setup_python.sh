@@ -16,8 +16,14 @@ import sys, torch
 sys.exit(0 if torch.__version__.split("+")[0] == "$TORCH_VERSION" else 1)
 PY
 }
+# NB: an existing cached venv that lacks one of these (a requirement added
+# later) gets requirements-test.txt installed into it on the next run.
+# (found, not imported: importing transformers takes seconds)
 has_test_deps() {
-  "$1" -c "import pytest, numpy" >/dev/null 2>&1
+  "$1" - <<'PY' >/dev/null 2>&1
+import importlib.util, sys
+sys.exit(0 if all(importlib.util.find_spec(m) for m in ("pytest", "numpy", "torchvision", "transformers", "matplotlib")) else 1)
+PY
 }
 
 python=""
@@ -34,7 +40,7 @@ if [ -z "$python" ]; then
   cache=${TORCHFUSE_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/torchfuse}
   venv=$cache/venv-torch-$TORCH_VERSION-py$pyver
   if ! has_torch "$venv/bin/python" || ! has_test_deps "$venv/bin/python"; then
-    echo "setup: installing torch==$TORCH_VERSION into $venv (first run only)" >&2
+    echo "setup: installing torch==$TORCH_VERSION and requirements-test.txt into $venv (first run only)" >&2
     mkdir -p "$cache"
     "$base" -m venv "$venv"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
@@ -44,7 +50,8 @@ if [ -z "$python" ]; then
 fi
 
 if ! has_test_deps "$python"; then
-  echo "setup: warning: $python lacks pytest or numpy; the Python tests cannot run" >&2
+  echo "setup: warning: $python lacks a package of requirements-test.txt (pytest, numpy, torchvision," \
+    "transformers, matplotlib); some Python tests fail: $python -m pip install -r requirements-test.txt" >&2
 fi
 echo "$python" > "$build_dir/python-path"
 echo "$python"
