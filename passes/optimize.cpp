@@ -270,6 +270,23 @@ torch::jit::Module optimize(
 
   FusionReport counts = fuseGraph(graph, options.passes);
   torch::jit::EliminateDeadCode(graph);
+  const bool fused = std::any_of(
+      counts.fused.begin(), counts.fused.end(), [](const auto& c) { return c.second > 0; });
+  if (!fused && !options.freeze) {
+    // NB: with nothing fused, the result runs the input's own methods (a
+    // clone sharing its state), not our inlined, constant-propagated and
+    // canonicalized forward: the executor then builds exactly the graphs it
+    // builds for the input.  (A traced BERT in training mode on CUDA gave
+    // outputs off by up to 0.39 on some calls from the transformed forward
+    // with nothing fused.)
+    std::unordered_map<c10::TypePtr, c10::TypePtr> plain_remap;
+    auto plain = cloneSharingState(module, resultCompilationUnit(module), plain_remap);
+    counts.nodes_after = passes::countNodes(forwardGraph(plain)->block());
+    if (report != nullptr) {
+      *report = counts;
+    }
+    return plain;
+  }
   if (options.freeze) {
     // NB: what torch.jit.freeze runs after freeze_module (conv/linear-BN,
     // conv-add/sub/mul/div folding, concatenated linears, dropout removal),

@@ -76,6 +76,32 @@ TEST(Optimize, RunsOnlyTheFusionsOnByDefaultWhenNoneAreNamed) {
   }
 }
 
+// With nothing fused, an unfrozen result runs the input's own methods: the
+// executor then builds the graphs it builds for the input.
+TEST(Optimize, LeavesTheMethodsAsTheyAreWhenNothingFuses) {
+  torch::jit::Module m("outer");
+  m.register_attribute("training", c10::BoolType::get(), true);
+  m.register_module("inner", linearModule());
+  m.define(R"JIT(
+    def forward(self, x, r):
+        return self.inner.forward(x, r)
+  )JIT");
+  FusionReport report;
+  auto out = optimize(m, OptimizeOptions{false, {"conv_relu_add"}}, &report);
+  EXPECT_EQ(report.fused.at("conv_relu_add"), 0);
+  const auto kinds = [](const torch::jit::Module& module) {
+    std::vector<c10::Symbol> k;
+    for (auto* n : module.get_method("forward").graph()->nodes()) {
+      k.push_back(n->kind());
+    }
+    return k;
+  };
+  EXPECT_EQ(kinds(out), kinds(m));  // nothing inlined, folded or rewritten
+  FileCheck().check("prim::CallMethod")->check_not("aten::linear")
+      ->run(*out.get_method("forward").graph());
+  EXPECT_NE(out.type(), m.type());
+}
+
 TEST(Optimize, RunsOnlyTheSelectedPasses) {
   auto out = optimize(linearModule(), OptimizeOptions{false, {"relu"}});
   FileCheck().check_not("custom_linear_add_relu")->check("torchfuse::custom_relu")
@@ -124,7 +150,9 @@ TEST(Optimize, KeepsWritesToLoopCarriedTensors) {
     if (freeze) {
       m.eval();
     }
-    auto out = optimize(m, OptimizeOptions{freeze, {}});
+    // NB: with a fusion applied: with none, an unfrozen result runs the
+    // input's own methods.
+    auto out = optimize(m, OptimizeOptions{freeze, {"relu"}});
     auto graph = out.get_method("forward").graph();
     // The write stays, CSE (freeze_module runs it) keeps the reads of v2
     // before and after the loop apart, and the guards are gone.
@@ -173,7 +201,7 @@ TEST(Optimize, KeepsWritesToLoopCarriedTensorsInSubmodules) {
     def forward(self, x, b):
         return self.mid.forward(x, b)
   )JIT");
-  auto out = optimize(m);
+  auto out = optimize(m, OptimizeOptions{false, {"relu"}});
   FileCheck().check("aten::add_")->run(*out.get_method("forward").graph());
   FileCheck().check_not("prim::Print")->run(
       *out.attr("mid").toModule().get_method("forward").graph());
@@ -188,7 +216,7 @@ TEST(Optimize, KeepsWritesToLoopCarriedTensorsInSubmodules) {
 TEST(Optimize, KeepsWritesToLoopCarriedTensorsThroughSaveAndLoad) {
   auto x = torch::randn({2, 3}, torch::kDouble), b = torch::randn({2, 3}, torch::kDouble);
   std::stringstream saved;
-  optimize(loopCarriedWriteModule()).save(saved);
+  optimize(loopCarriedWriteModule(), OptimizeOptions{false, {"relu"}}).save(saved);
   auto loaded = torch::jit::load(saved);
   auto graph = loaded.get_method("forward").graph();
   FileCheck().check("aten::add_")->check("prim::ListConstruct")->check("aten::__getitem__")
