@@ -806,6 +806,15 @@ class Outcome:
     round_trip_torch_differs: int = 0
     # Modes not round-tripped because torch cannot save/load the original.
     round_trip_skipped: int = 0
+    # Frozen modes whose optimized module differed from the original as
+    # torch's own frozen original did, and agreed with that (see
+    # _frozen_by_torch_alike), and the float64 results of those runs.
+    frozen_alike: int = 0
+    frozen_exact: Dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    # Frozen modes not judged: torch's own frozen original differs from the
+    # original and has a training batch_norm, and the optimized module
+    # agrees with neither (no reference; see _frozen_by_torch_alike).
+    frozen_torch_differs: int = 0
     # Double-backward steps not compared because the original raised.
     double_backward_skipped: int = 0
     # Whether the original shares a tensor between two attributes.
@@ -909,33 +918,40 @@ def _run_step(ref, opt, inputs, rng_seed, dtype, grads: bool, params: bool, what
                 values_a.update(_grads(ref, leaves_a, params))
                 values_b.update(_grads(opt, leaves_b, params))
 
-    def evaluate(module, leaves):
+    def evaluate(module, leaves, jitter):
         leaves = [t.requires_grad_(loss is not None) for t in leaves]
         ins = [t.clone() for t in leaves]
-        outputs = _flat(getattr(module, method)(*ins))
+        with context():
+            outputs = _flat(getattr(module, method)(*ins))
         values = _values(module, outputs, ins)
         if loss:
-            sum((outputs[i] * w).sum() for i, w in loss).backward()
+            # NB: under autocast the backward sums bfloat16 products of the
+            # weights (a bias gradient: seed 20261124, program 5795), so
+            # the weights are perturbed too.
+            sum((outputs[i] * (jitter(w) if autocast else w)).sum() for i, w in loss).backward()
             values.update(_grads(module, leaves, params))
         return values
 
     step = what.split(" ", 1)[1]
     # NB: the autocast steps repeat the train mode's steps from the same
-    # state, whose float64 results are their exact answers too.
-    _judge(values_a, values_b, dtype, step.replace(AUTOCAST + " ", "", 1) if autocast else step, what, outcome,
-           None if autocast else lambda: _spread(before, inputs, dtype, rng_seed, values_a, evaluate),
+    # state, whose float64 results are their exact answers too; their
+    # rounding is bfloat16's, and so is their spread's perturbation (see
+    # PERTURBATION_ULPS_AUTOCAST).
+    spread_dtype, ulps = (torch.bfloat16, PERTURBATION_ULPS_AUTOCAST) if autocast else (dtype, PERTURBATION_ULPS)
+    _judge(values_a, values_b, torch.bfloat16 if autocast else dtype,
+           step.replace(AUTOCAST + " ", "", 1) if autocast else step, what, outcome,
+           lambda: _spread(before, inputs, spread_dtype, rng_seed, values_a, evaluate, ulps),
            record=not autocast)
 
 
-def _judge(values_a, values_b, dtype, step: str, what: str, outcome: Outcome, spread_runs,
+def _judge(values_a, values_b, tol_dtype, step: str, what: str, outcome: Outcome, spread_runs,
            record: bool = True) -> None:
-    """Compares the values of a step: within the tolerance, or (float32) as
-    accurate against the float64 run's results of `step` (recorded here by
-    the float64 run), or within the original's rounding spread
-    (`spread_runs()` yields it after each perturbed run).  Without
-    `spread_runs` (autocast), the tolerance and the float64-based rule are
-    those of bfloat16."""
-    tol_dtype = dtype if spread_runs else torch.bfloat16
+    """Compares the values of a step: within the tolerance of `tol_dtype`
+    (the values' dtype; bfloat16 under autocast), or (float32) as accurate
+    against the float64 run's results of `step` (recorded here by the
+    float64 run), or within the original's rounding spread (`spread_runs()`
+    yields it after each perturbed run)."""
+    dtype = tol_dtype
     beyond = []  # (name, original, optimized, message)
     for name, a in values_a.items():
         if name not in values_b:  # a buffer frozen into a constant
@@ -1028,7 +1044,7 @@ def _run_double_backward_step(ref, opt, inputs, rng_seed, dtype, what: str, outc
         return
     _judge(values_a, values_b, dtype, what.split(" ", 1)[1], what, outcome,
            lambda: _spread(before, inputs, dtype, rng_seed, values_a,
-                           lambda module, leaves: _double_backward_values(module, leaves, rng_seed)))
+                           lambda module, leaves, _: _double_backward_values(module, leaves, rng_seed)))
 
 
 def _values(module, outputs, ins) -> Dict[str, torch.Tensor]:
@@ -1072,12 +1088,19 @@ def _as_accurate(a, b, exact, dtype) -> bool:
 # machine epsilon; how many perturbed runs measure the spread first, and at
 # most (only while a difference is beyond SPREAD_FACTOR times the spread).
 PERTURBATION_ULPS = 4
+# Under autocast the rounding that matters is bfloat16's (its matmuls,
+# convolutions and the casts around them): the perturbations are half a
+# bfloat16 ulp at 1 times N(0, 1), about the size of one rounding to
+# bfloat16, so that the perturbed runs round their bfloat16 intermediates
+# differently (seed 20261124, program 3788: a float32 bias gradient summed
+# from bfloat16 terms that cancel moves by a bfloat16 ulp of the terms).
+PERTURBATION_ULPS_AUTOCAST = 0.5
 PERTURBATION_RUNS = 3
 PERTURBATION_RUNS_MAX = 64
 SPREAD_FACTOR = 4
 
 
-def _spread(before, inputs, dtype, seed: int, values_a, evaluate):
+def _spread(before, inputs, dtype, seed: int, values_a, evaluate, ulps: float = PERTURBATION_ULPS):
     """Yields, after each of up to PERTURBATION_RUNS_MAX runs, how far the
     original's own results have moved so far, per compared tensor, with its
     inputs, parameters and floating-point buffers scaled by
@@ -1086,9 +1109,9 @@ def _spread(before, inputs, dtype, seed: int, values_a, evaluate):
     carries no more than rounding noise (e.g. a gradient that is zero but
     for rounding amplified by a BatchNorm of a constant, or by x / x), so a
     difference within a few times the spread is not a change of meaning.
-    `evaluate(module, inputs)` gives a run's values (inputs: leaves to
-    be).  A run that raises ends it with an empty spread."""
-    eps = torch.finfo(dtype).eps * PERTURBATION_ULPS
+    `evaluate(module, inputs, jitter)` gives a run's values (inputs:
+    leaves to be; jitter: the perturbation, for what else it perturbs).  A run that raises ends it with an empty spread."""
+    eps = torch.finfo(dtype).eps * ulps
     spread: Dict[str, float] = collections.defaultdict(float)
     g = torch.Generator().manual_seed(seed + 1000)
 
@@ -1104,7 +1127,7 @@ def _spread(before, inputs, dtype, seed: int, values_a, evaluate):
         for t in module.parameters():
             t.detach_().requires_grad_(True)  # deepcopy's clones are not leaves
         try:
-            values = evaluate(module, [jitter(t) for t in inputs]) or {}
+            values = evaluate(module, [jitter(t) for t in inputs], jitter) or {}
         except Exception:  # noqa: BLE001  (a perturbation cannot vouch for anything)
             yield {}
             return
@@ -1426,13 +1449,79 @@ def _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, prese
                 if stop_early and outcome.failures:
                     return
         if "frozen" in modes:
+            pristine = copy.deepcopy(frozen_base)  # NB: before the steps write its buffers
             ref, opt = _script_and_optimize(frozen_base, True, f"{dname} frozen", outcome, preserved)
             if opt is None:
                 return
-            _check_mode(ref, opt, [("frozen", 7)] + [("frozen", 8, m) for m in exported], inputs, seed, dtype,
+            steps = [("frozen", 7)] + [("frozen", 8, m) for m in exported]
+            failed = len(outcome.failures)
+            _check_mode(ref, opt, steps, inputs, seed, dtype,
                         False, f"{dname} frozen", f"{dname} frozen", stop_early, round_trip, outcome, preserved)
+            new = outcome.failures[failed:]
+            if new and not any(AFTER_SAVE_LOAD in f for f in new):
+                verdict = _frozen_by_torch_alike(pristine, steps, inputs, seed, dtype, f"{dname} frozen",
+                                                 preserved, outcome)
+                if verdict:
+                    del outcome.failures[failed:]
+                    setattr(outcome, verdict, getattr(outcome, verdict) + 1)
             if stop_early and outcome.failures:
                 return
+
+
+def _frozen_by_torch_alike(model, steps, inputs, seed, dtype, what: str, preserved,
+                           outcome: Outcome) -> Optional[str]:
+    """For a frozen mode whose optimized module differed from the original:
+    "frozen_alike" if torch's own freezing of the original (freeze_module,
+    as optimize(freeze=True) freezes) changes its meaning and the optimized
+    module agrees with that frozen original (the difference is torch's
+    doing, not optimize's); "frozen_torch_differs" if torch's frozen
+    original differs from the original, a batch_norm may train in its graph
+    or the optimized module's, and the optimized module agrees with neither (no reference:
+    not judged); None otherwise (a failure).  NB: freeze_module assumes that
+    no batch_norm trains in a frozen module (AliasDb ignores the statistics'
+    writes when frozen): a literal training=True batch_norm's statistics
+    are folded into constants, so its update is lost where another name of
+    the same buffer reads it, or dropped with the node when its output is
+    dead (seed 20261124, programs 23 and 714); where the statistics are
+    equal to another constant, which constants end up one tensor decides
+    what the update changes (program 9491).  Each module comes fresh from
+    `model` (frozen graphs hold the constants that their steps write), and
+    the steps are judged as any mode's are."""
+    def script():
+        return torch.jit.script(copy.deepcopy(model))
+
+    def torch_frozen():
+        with torch.jit.optimized_execution(True):
+            return torch.jit._recursive.wrap_cpp_module(torch._C._freeze_module(script()._c, list(preserved)))
+
+    try:
+        differs = Outcome(exact={})
+        own = torch_frozen()
+        _run_steps(_copy(script()), own, steps, inputs, seed, dtype, False,
+                   f"{what} torch's own frozen original", True, differs)
+        if not differs.failures:
+            return None
+        alike = Outcome(exact=outcome.frozen_exact)
+        opt = _optimize(script(), True, preserved)
+        trains = _trains_batch_norm(own) or _trains_batch_norm(opt)
+        _run_steps(torch_frozen(), opt, steps, inputs, seed, dtype, False,
+                   f"{what} against torch's own frozen original", False, alike)
+    except Exception:  # noqa: BLE001  (no reference to excuse anything)
+        return None
+    if not alike.failures:
+        return "frozen_alike"
+    return "frozen_torch_differs" if trains else None
+
+
+def _trains_batch_norm(module) -> bool:
+    """Whether a method of the frozen `module` has a batch_norm whose
+    training argument is not the constant False."""
+    for name in module._c._method_names():
+        for node in module._c._get_method(name).graph.findAllNodes("aten::batch_norm"):
+            training = node.inputsAt(5).toIValue()
+            if training is None or training:
+                return True
+    return False
 
 
 def assert_keeps_meaning(source: str, input_shapes, seed: int, fused: Dict[str, int]) -> None:
@@ -1583,6 +1672,8 @@ class Summary:
     round_trip_alike: int = 0
     round_trip_torch_differs: int = 0
     round_trip_skipped: int = 0
+    frozen_alike: int = 0
+    frozen_torch_differs: int = 0
     double_backward_skipped: int = 0
     shares: int = 0  # programs whose original shares a tensor between attributes
     exported: int = 0  # programs with an exported method
@@ -1620,6 +1711,8 @@ def run(programs: int, seed: int, start: int = 0, shrink_failures: bool = True,
         summary.round_trip_alike += outcome.round_trip_alike
         summary.round_trip_torch_differs += outcome.round_trip_torch_differs
         summary.round_trip_skipped += outcome.round_trip_skipped
+        summary.frozen_alike += outcome.frozen_alike
+        summary.frozen_torch_differs += outcome.frozen_torch_differs
         summary.double_backward_skipped += outcome.double_backward_skipped
         summary.shares += outcome.shares
         summary.exported += prog.export is not None
@@ -1694,6 +1787,9 @@ def main(argv=None) -> int:
           f"original as torch's own module did after save/load, {s.round_trip_torch_differs} otherwise where torch's "
           f"own module differed too (not judged); {s.round_trip_skipped} modes not round-tripped "
           f"(torch cannot save/load the original)")
+    print(f"frozen: {s.frozen_alike} modes differed from the original as torch's own frozen original did "
+          f"(freeze_module), {s.frozen_torch_differs} otherwise where torch's own frozen original with a training "
+          f"batch_norm differed too (not judged)")
     print(f"programs with fused nodes: {s.fused_programs} of {s.passed + s.failed}")
     for op in OPS:
         print(f"  {op:26s} {s.fused_nodes[op]:6d} nodes in {s.fused_in[op]:5d} programs")
