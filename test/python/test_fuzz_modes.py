@@ -2,7 +2,7 @@
 double backward and exported methods of frozen modules (tools/fuzz_pass.py)
 must fail on a planted fault and pass without it.  The module compared
 with the original comes from a stand-in for torchfuse.optimize
-(fuzz_pass._optimize): the original itself, or a module scripted from a
+(fuzz.modes._optimize): the original itself, or a module scripted from a
 variant of its source with the same state, optionally altered; so these
 tests do not depend on what the library does today."""
 
@@ -16,6 +16,7 @@ import torch.nn as nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 import fuzz_pass  # noqa: E402
+from fuzz import modes as fuzz_modes  # noqa: E402
 
 SOURCE = """\
 class Program(nn.Module):
@@ -68,7 +69,7 @@ def stand_in(source: str = None, alter=None):
 
 
 def check(monkeypatch, optimize, source=None, modes=("train", "eval", "frozen"), dtypes=("float64",), **kw):
-    monkeypatch.setattr(fuzz_pass, "_optimize", optimize)
+    monkeypatch.setattr(fuzz_modes, "_optimize", optimize)
     return fuzz_pass.check_source(source or program(), SHAPES, 3, dtypes=dtypes, modes=modes, **kw).failures
 
 
@@ -205,7 +206,7 @@ def test_double_backward_value_change_fails(monkeypatch):
 
 def test_original_whose_double_backward_raises_is_skipped(monkeypatch):
     source = program(fault=" + 0.0 * torch.cdist(v2, v2).sum()")
-    monkeypatch.setattr(fuzz_pass, "_optimize", stand_in())
+    monkeypatch.setattr(fuzz_modes, "_optimize", stand_in())
     outcome = fuzz_pass.check_source(source, SHAPES, 3, dtypes=("float64",), modes=("double_backward",))
     assert outcome.failures == [] and outcome.double_backward_skipped == 1
 
@@ -229,7 +230,7 @@ def test_exported_method_dropped_fails(monkeypatch):
 
 def test_preserved_attribute_dropped_fails(monkeypatch):
     source = program().replace("# preserved_attrs: exported", "# preserved_attrs: exported, p0")
-    monkeypatch.setattr(fuzz_pass, "_optimize", lambda m, freeze, preserved: stand_in()(m, freeze, preserved[:1]))
+    monkeypatch.setattr(fuzz_modes, "_optimize", lambda m, freeze, preserved: stand_in()(m, freeze, preserved[:1]))
     failures = fuzz_pass.check_source(source, SHAPES, 3, dtypes=("float64",), modes=("frozen",)).failures
     assert failures == ["float64 frozen: preserved attributes ['p0'] missing"], failures
 
