@@ -108,7 +108,7 @@ def test_untied_after_save_and_load_fails(monkeypatch):
         _untie_weight(module, False)
         return module
 
-    monkeypatch.setattr(fuzz_pass, "_load", load_untied)
+    monkeypatch.setattr(fuzz_modes, "_load", load_untied)
     failures = check(monkeypatch, stand_in(), modes=("train",))
     assert failures == [f"float64 train {fuzz_pass.AFTER_SAVE_LOAD}: 9 parameters vs 8 in the original; "
                         "parameter fc1.weight is one tensor with 0 other (parameter fc1.weight), "
@@ -118,7 +118,7 @@ def test_untied_after_save_and_load_fails(monkeypatch):
 def test_shared_buffer_values_are_compared_after_training_steps(monkeypatch):
     # NB: the sharing check off, so that the values must show the untying:
     # bn1 and bn2 update one running mean in the original, two in the copy.
-    monkeypatch.setattr(fuzz_pass, "_sharing_mismatch", lambda *a: None)
+    monkeypatch.setattr(fuzz_modes, "_sharing_mismatch", lambda *a: None)
     failures = check(monkeypatch, stand_in(alter=_unshare_running_mean), modes=("train", "eval"), round_trip=False)
     assert any("train step 0: buffer bn1.running_mean" in f for f in failures), failures
     assert any("eval step 2: output 0" in f for f in failures), failures
@@ -244,7 +244,7 @@ def test_frozen_programs_call_optimize_with_preserved_attrs(monkeypatch):
         calls.append((freeze, preserved_attrs))
         return stand_in()(module, freeze, preserved_attrs or ())
 
-    monkeypatch.setattr(fuzz_pass.torchfuse, "optimize", optimize)
+    monkeypatch.setattr(fuzz_modes.torchfuse, "optimize", optimize)
     source = program().replace("# preserved_attrs: exported", "# preserved_attrs: exported, p0")
     failures = fuzz_pass.check_source(source, SHAPES, 3, dtypes=("float64",), modes=("train", "frozen")).failures
     assert failures == []

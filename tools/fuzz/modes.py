@@ -133,9 +133,8 @@ def _run_step(ref, opt, inputs, rng_seed, dtype, grads: bool, params: bool, what
             outputs = _flat(getattr(module, method)(*ins))
         values = _values(module, outputs, ins)
         if loss:
-            # NB: under autocast the backward sums bfloat16 products of the
-            # weights (a bias gradient: seed 20261124, program 5795), so
-            # the weights are perturbed too.
+            # NB: under autocast the spread perturbs the weights alone (see
+            # PERTURBATION_ULPS_AUTOCAST).
             sum((outputs[i] * (jitter(w) if autocast else w)).sum() for i, w in loss).backward()
             values.update(_grads(module, leaves, params))
         return values
@@ -143,12 +142,12 @@ def _run_step(ref, opt, inputs, rng_seed, dtype, grads: bool, params: bool, what
     step = what.split(" ", 1)[1]
     # NB: the autocast steps repeat the train mode's steps from the same
     # state, whose float64 results are their exact answers too; their
-    # rounding is bfloat16's, and so is their spread's perturbation (see
-    # PERTURBATION_ULPS_AUTOCAST).
+    # rounding is bfloat16's, and so is their spread's perturbation, of the
+    # backward only (see PERTURBATION_ULPS_AUTOCAST).
     spread_dtype, ulps = (torch.bfloat16, PERTURBATION_ULPS_AUTOCAST) if autocast else (dtype, PERTURBATION_ULPS)
     _judge(values_a, values_b, torch.bfloat16 if autocast else dtype,
            step.replace(AUTOCAST + " ", "", 1) if autocast else step, what, outcome,
-           lambda: _spread(before, inputs, spread_dtype, rng_seed, values_a, evaluate, ulps),
+           lambda: _spread(before, inputs, spread_dtype, rng_seed, values_a, evaluate, ulps, state=not autocast),
            record=not autocast)
 
 
