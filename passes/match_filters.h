@@ -114,7 +114,8 @@ bool noInterveningAccess(
 // operation") where the original trains.  NB: AliasDb lets every graph input
 // and module attribute alias every other; a write to a different attribute
 // (by GetAttr path) or a different graph input is taken as not aliasing,
-// i.e. distinct attributes and arguments are assumed to be distinct tensors.
+// i.e. distinct arguments, and attributes that no SharedSlotsScope names as
+// one tensor, are assumed to be distinct tensors.
 bool notWrittenAfter(
     const AliasDb& db,
     Node* first,

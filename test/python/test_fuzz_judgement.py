@@ -1,7 +1,8 @@
 """The fuzzer's judgements that the 10,000 programs of seed 20261124
 called for: a frozen mode is judged against torch's own frozen original
 where freeze_module itself changes meaning; autocast gradients against the
-original's backward rounding spread.  The shrunk programs pass; planted
+original's backward rounding spread; a double backward whose original is
+wrong by central differences.  The shrunk programs pass; planted
 faults in the same programs still fail."""
 
 import os
@@ -191,6 +192,35 @@ class Program(nn.Module):
         {},
         id="running_var_written_under_another_name",
     ),
+    # seed 20261124, program 1532: eager's eval-mode batch_norm double backward with weight=None gives
+    # half the bias's second derivative; the fused op gives the one central differences show.
+    pytest.param(
+        """\
+class Program(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.p0 = nn.Parameter(torch.randn(3, 6))
+        self.nb1 = None
+        self.bn9 = nn.BatchNorm1d(3, momentum=0.5)
+        self.register_buffer("rm14", torch.zeros(3))
+        self.p16 = self.bn9.bias
+    def forward(self, x0):
+        v2 = F.linear(x0, self.p0, self.nb1)
+        v10 = self.bn9(v2)
+        v11 = v10
+        v12 = torch.div(v11, 2.0, rounding_mode='floor')
+        v13 = v12
+        v15 = F.batch_norm(v13, self.rm14, self.bn9.running_var, None, self.bn9.weight, False, 0.1, 1e-05)
+        v17 = torch.add(v15, self.p16, alpha=1)
+        v18 = v17 / -1.5
+        v19 = F.silu(v18)
+        return v19
+""",
+        [[3, 6]],
+        1532,
+        {},
+        id="double_backward_original_wrong",
+    ),
 ]
 
 
@@ -297,3 +327,31 @@ def test_autocast_gradient_change_fails(monkeypatch):
     failures = fuzz_pass.check_source(program(), SHAPES, 3, dtypes=("float64", "float32"), modes=("autocast",)).failures
     assert failures and all(f.startswith("float32 autocast ") for f in failures), failures
     assert any(": grad of " in f for f in failures), failures
+
+
+def test_double_backward_wrong_in_both_fails(monkeypatch):
+    # NB: the original's second derivative is wrong here (the case above);
+    # an optimized module that is wrong too (another second derivative,
+    # same values and gradients) is not excused by central differences.
+    from test_fuzz_modes import stand_in
+
+    source, shapes, seed, _ = _source("double_backward_original_wrong")
+    lines = source.splitlines(True)
+    lines[-1] = lines[-1].rstrip("\n") + " + 0.5 * (v19 - v19.detach()) ** 2\n"
+    monkeypatch.setattr(fuzz_modes, "_optimize", stand_in("".join(lines)))
+    outcome = fuzz_pass.check_source(source, shapes, seed, dtypes=("float64",), modes=("double_backward",))
+    assert outcome.failures and outcome.double_backward_original_wrong == 0, outcome.failures
+    assert all(": grad of the penalty w.r.t. " in f for f in outcome.failures), outcome.failures
+
+
+def test_double_backward_original_wrong_is_counted(monkeypatch):
+    from test_fuzz_modes import stand_in
+
+    source, shapes, seed, _ = _source("double_backward_original_wrong")
+    # NB: the stand-in is the original itself, with the true second
+    # derivative: its eval-mode batch_norm with an explicit weight of ones.
+    fixed = source.replace("None, self.bn9.weight, False", "torch.ones_like(self.bn9.weight), self.bn9.weight, False")
+    assert fixed != source
+    monkeypatch.setattr(fuzz_modes, "_optimize", stand_in(fixed))
+    outcome = fuzz_pass.check_source(source, shapes, seed, dtypes=("float64", "float32"), modes=("double_backward",))
+    assert outcome.failures == [] and outcome.double_backward_original_wrong == 2

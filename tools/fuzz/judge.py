@@ -47,6 +47,11 @@ class Outcome:
     # _frozen_by_torch_alike), and the float64 results of those runs.
     frozen_alike: int = 0
     frozen_exact: Dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    # Double-backward steps whose penalty gradients differed where the
+    # original's were wrong and the optimized module's right (see
+    # modes._second_derivative_wrong), and whether the float64 run found so.
+    double_backward_original_wrong: int = 0
+    original_second_derivative_wrong: bool = False
     # Frozen modes not judged: torch's own frozen original differs from the
     # original and has a training batch_norm, and the optimized module
     # agrees with neither (no reference; see _frozen_by_torch_alike).

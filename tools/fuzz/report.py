@@ -75,6 +75,7 @@ class Summary:
     frozen_alike: int = 0
     frozen_torch_differs: int = 0
     double_backward_skipped: int = 0
+    double_backward_original_wrong: int = 0
     shares: int = 0  # programs whose original shares a tensor between attributes
     exported: int = 0  # programs with an exported method
     failures: List[Tuple[int, Program, List[str]]] = dataclasses.field(default_factory=list)
@@ -114,6 +115,7 @@ def run(programs: int, seed: int, start: int = 0, shrink_failures: bool = True,
         summary.frozen_alike += outcome.frozen_alike
         summary.frozen_torch_differs += outcome.frozen_torch_differs
         summary.double_backward_skipped += outcome.double_backward_skipped
+        summary.double_backward_original_wrong += outcome.double_backward_original_wrong
         summary.shares += outcome.shares
         summary.exported += prog.export is not None
         if not outcome.failures:
@@ -148,7 +150,8 @@ def print_summary(s: Summary, seed: int, start: int, programs: int, elapsed: flo
           f"{s.within_spread} differences within the original's rounding spread")
     print(f"modes {','.join(modes)}; features {','.join(features) or 'none'}: {s.shares} programs "
           f"with tied parameters or shared buffers, {s.exported} with an exported method; double backward "
-          f"skipped (original raised) in {s.double_backward_skipped} steps")
+          f"skipped (original raised) in {s.double_backward_skipped} steps, "
+          f"{s.double_backward_original_wrong} where the original's second derivative was wrong (central differences)")
     print(f"after save/load: {s.round_trips} programs checked; {s.round_trip_alike} modes differed from the "
           f"original as torch's own module did after save/load, {s.round_trip_torch_differs} otherwise where torch's "
           f"own module differed too (not judged); {s.round_trip_skipped} modes not round-tripped "
