@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace torchfuse::passes {
 
@@ -263,18 +264,33 @@ bool noInterveningAccess(
 
 namespace {
 
+thread_local const SharedSlots* current_shared_slots = nullptr;
+
 // "input <i>" for a graph input, "<root>.a.b" for a GetAttr chain from one,
 // "" for anything else.
-std::string slotOf(const Value* v) {
+std::string rawSlotOf(const Value* v) {
   const Node* n = v->node();
   if (n == v->owningGraph()->param_node()) {
     return "input " + std::to_string(v->offset());
   }
   if (n->kind() == c10::prim::GetAttr) {
-    const auto base = slotOf(n->input(0));
+    const auto base = rawSlotOf(n->input(0));
     return base.empty() ? base : base + "." + n->s(c10::attr::name);
   }
   return "";
+}
+
+// rawSlotOf, with the attribute paths of one shared tensor (SharedSlotsScope)
+// named alike.
+std::string slotOf(const Value* v) {
+  auto slot = rawSlotOf(v);
+  if (current_shared_slots != nullptr) {
+    const auto it = current_shared_slots->find(slot);
+    if (it != current_shared_slots->end()) {
+      return it->second;
+    }
+  }
+  return slot;
 }
 
 // Every tensor `w` writes (per its schema) is a graph input or attribute
@@ -427,6 +443,15 @@ int64_t countNodes(Block* block) {
   int64_t count = 0;
   forEachNode(block, [&](Node*) { ++count; });
   return count;
+}
+
+SharedSlotsScope::SharedSlotsScope(SharedSlots slots)
+    : slots_(std::move(slots)), previous_(current_shared_slots) {
+  current_shared_slots = &slots_;
+}
+
+SharedSlotsScope::~SharedSlotsScope() {
+  current_shared_slots = previous_;
 }
 
 } // namespace torchfuse::passes

@@ -11,7 +11,9 @@
 #include <initializer_list>
 #include <memory>
 #include <optional>
+#include <string>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 namespace torchfuse::passes {
@@ -112,11 +114,30 @@ bool noInterveningAccess(
 // operation") where the original trains.  NB: AliasDb lets every graph input
 // and module attribute alias every other; a write to a different attribute
 // (by GetAttr path) or a different graph input is taken as not aliasing,
-// i.e. distinct attributes and arguments are assumed to be distinct tensors.
+// i.e. distinct arguments, and attributes that no SharedSlotsScope names as
+// one tensor, are assumed to be distinct tensors.
 bool notWrittenAfter(
     const AliasDb& db,
     Node* first,
     const std::vector<Value*>& values);
+// Attribute paths of the graph's module input ("input 0.bn2.running_mean")
+// whose tensors share storage (tied parameters, shared buffers), each
+// mapped to one path of its group.  While a SharedSlotsScope lives (on this
+// thread), notWrittenAfter takes the paths of a group as one tensor;
+// optimize() sets one from the module it fuses.  Without one (fuse_graph on
+// a bare graph), distinct attributes are assumed distinct tensors.
+using SharedSlots = std::unordered_map<std::string, std::string>;
+class SharedSlotsScope {
+ public:
+  explicit SharedSlotsScope(SharedSlots slots);
+  ~SharedSlotsScope();
+  SharedSlotsScope(const SharedSlotsScope&) = delete;
+  SharedSlotsScope& operator=(const SharedSlotsScope&) = delete;
+
+ private:
+  SharedSlots slots_;
+  const SharedSlots* previous_;
+};
 // `v` is a fresh tensor only `user` reads: produced by a plain node (no
 // blocks, no side effects, not a graph input, constant or attribute) whose
 // inputs cannot alias it, and used once.  Writing it in place is then not

@@ -153,6 +153,43 @@ torch::jit::Module preservedOwner(
   }
 }
 
+// The attribute paths of `module` whose tensors share storage (tied
+// parameters, shared buffers; views of one another too), as slots of the
+// forward graph's `self` ("input 0.fc2.weight"), each mapped to the first
+// path of its group.
+passes::SharedSlots sharedSlots(const torch::jit::Module& module) {
+  std::unordered_map<const c10::StorageImpl*, std::vector<std::string>> groups;
+  std::vector<const c10::StorageImpl*> order;
+  const std::function<void(const torch::jit::Module&, const std::string&)> visit =
+      [&](const torch::jit::Module& m, const std::string& prefix) {
+        const auto type = m.type();
+        for (size_t i = 0; i < type->numAttributes(); ++i) {
+          const auto value = m._ivalue()->getSlot(i);
+          const auto path = prefix + "." + type->getAttributeName(i);
+          if (value.isModule()) {
+            visit(value.toModule(), path);
+          } else if (value.isTensor() && value.toTensor().defined() &&
+                     value.toTensor().has_storage()) {
+            const auto* storage = value.toTensor().storage().unsafeGetStorageImpl();
+            auto& group = groups[storage];
+            if (group.empty()) {
+              order.push_back(storage);
+            }
+            group.push_back(path);
+          }
+        }
+      };
+  visit(module, "input 0");
+  passes::SharedSlots slots;
+  for (const auto* storage : order) {
+    const auto& group = groups[storage];
+    for (size_t i = 1; i < group.size(); ++i) {
+      slots[group[i]] = group[0];
+    }
+  }
+  return slots;
+}
+
 // Calls fn on the graph of every method of `module` and its submodules.
 void forEachMethod(
     const torch::jit::Module& module,
@@ -268,7 +305,13 @@ torch::jit::Module optimize(
   torch::jit::ConstantPropagation(graph);
   torch::jit::EliminateDeadCode(graph);
 
-  FusionReport counts = fuseGraph(graph, options.passes);
+  // NB: a write through one name of a shared tensor (a training BN on a
+  // buffer that is another BN's running_var too) is a write to the others.
+  FusionReport counts;
+  {
+    passes::SharedSlotsScope shared(sharedSlots(result));
+    counts = fuseGraph(graph, options.passes);
+  }
   torch::jit::EliminateDeadCode(graph);
   const bool fused = std::any_of(
       counts.fused.begin(), counts.fused.end(), [](const auto& c) { return c.second > 0; });

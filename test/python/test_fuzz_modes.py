@@ -2,7 +2,7 @@
 double backward and exported methods of frozen modules (tools/fuzz_pass.py)
 must fail on a planted fault and pass without it.  The module compared
 with the original comes from a stand-in for torchfuse.optimize
-(fuzz_pass._optimize): the original itself, or a module scripted from a
+(fuzz.modes._optimize): the original itself, or a module scripted from a
 variant of its source with the same state, optionally altered; so these
 tests do not depend on what the library does today."""
 
@@ -16,6 +16,7 @@ import torch.nn as nn
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 import fuzz_pass  # noqa: E402
+from fuzz import modes as fuzz_modes  # noqa: E402
 
 SOURCE = """\
 class Program(nn.Module):
@@ -68,7 +69,7 @@ def stand_in(source: str = None, alter=None):
 
 
 def check(monkeypatch, optimize, source=None, modes=("train", "eval", "frozen"), dtypes=("float64",), **kw):
-    monkeypatch.setattr(fuzz_pass, "_optimize", optimize)
+    monkeypatch.setattr(fuzz_modes, "_optimize", optimize)
     return fuzz_pass.check_source(source or program(), SHAPES, 3, dtypes=dtypes, modes=modes, **kw).failures
 
 
@@ -107,7 +108,7 @@ def test_untied_after_save_and_load_fails(monkeypatch):
         _untie_weight(module, False)
         return module
 
-    monkeypatch.setattr(fuzz_pass, "_load", load_untied)
+    monkeypatch.setattr(fuzz_modes, "_load", load_untied)
     failures = check(monkeypatch, stand_in(), modes=("train",))
     assert failures == [f"float64 train {fuzz_pass.AFTER_SAVE_LOAD}: 9 parameters vs 8 in the original; "
                         "parameter fc1.weight is one tensor with 0 other (parameter fc1.weight), "
@@ -117,7 +118,7 @@ def test_untied_after_save_and_load_fails(monkeypatch):
 def test_shared_buffer_values_are_compared_after_training_steps(monkeypatch):
     # NB: the sharing check off, so that the values must show the untying:
     # bn1 and bn2 update one running mean in the original, two in the copy.
-    monkeypatch.setattr(fuzz_pass, "_sharing_mismatch", lambda *a: None)
+    monkeypatch.setattr(fuzz_modes, "_sharing_mismatch", lambda *a: None)
     failures = check(monkeypatch, stand_in(alter=_unshare_running_mean), modes=("train", "eval"), round_trip=False)
     assert any("train step 0: buffer bn1.running_mean" in f for f in failures), failures
     assert any("eval step 2: output 0" in f for f in failures), failures
@@ -205,7 +206,7 @@ def test_double_backward_value_change_fails(monkeypatch):
 
 def test_original_whose_double_backward_raises_is_skipped(monkeypatch):
     source = program(fault=" + 0.0 * torch.cdist(v2, v2).sum()")
-    monkeypatch.setattr(fuzz_pass, "_optimize", stand_in())
+    monkeypatch.setattr(fuzz_modes, "_optimize", stand_in())
     outcome = fuzz_pass.check_source(source, SHAPES, 3, dtypes=("float64",), modes=("double_backward",))
     assert outcome.failures == [] and outcome.double_backward_skipped == 1
 
@@ -229,7 +230,7 @@ def test_exported_method_dropped_fails(monkeypatch):
 
 def test_preserved_attribute_dropped_fails(monkeypatch):
     source = program().replace("# preserved_attrs: exported", "# preserved_attrs: exported, p0")
-    monkeypatch.setattr(fuzz_pass, "_optimize", lambda m, freeze, preserved: stand_in()(m, freeze, preserved[:1]))
+    monkeypatch.setattr(fuzz_modes, "_optimize", lambda m, freeze, preserved: stand_in()(m, freeze, preserved[:1]))
     failures = fuzz_pass.check_source(source, SHAPES, 3, dtypes=("float64",), modes=("frozen",)).failures
     assert failures == ["float64 frozen: preserved attributes ['p0'] missing"], failures
 
@@ -243,7 +244,7 @@ def test_frozen_programs_call_optimize_with_preserved_attrs(monkeypatch):
         calls.append((freeze, preserved_attrs))
         return stand_in()(module, freeze, preserved_attrs or ())
 
-    monkeypatch.setattr(fuzz_pass.torchfuse, "optimize", optimize)
+    monkeypatch.setattr(fuzz_modes.torchfuse, "optimize", optimize)
     source = program().replace("# preserved_attrs: exported", "# preserved_attrs: exported, p0")
     failures = fuzz_pass.check_source(source, SHAPES, 3, dtypes=("float64",), modes=("train", "frozen")).failures
     assert failures == []

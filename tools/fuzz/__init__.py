@@ -1,0 +1,81 @@
+"""Differential fuzzer for torchfuse.optimize: the rewrite must never change
+what a module computes.
+
+    tools/fuzz_pass.py --programs N --seed S [--emit-regressions DIR]
+                       [--modes train,eval,frozen,autocast,double_backward]
+                       [--features tied,exported|none]
+
+Each program is a random nn.Module written as Python source from a small
+vocabulary (linear, conv1d/conv2d, batch_norm, relu/relu_, add/add_/sub,
+div, mul, sigmoid, silu, views, in-place writes, if and for blocks), biased
+towards the four fusable chains and near-misses of them.  Features, each
+from its own random stream (without them a program is the one drawn before
+they existed): `tied`, parameters tied and buffers shared between
+attributes (`self.fc2.weight = self.fc1.weight`, `self.bn2.running_mean =
+self.bn1.running_mean`, a second name for a parameter or buffer, one read
+in two places); `exported`, an @torch.jit.export method.  The module is
+scripted and optimized twice, and checked in these modes:
+
+  train     torchfuse.optimize(scripted): two training steps, then one step
+            in eval mode of the same modules (and one of the exported
+            method);
+  frozen    torchfuse.optimize(scripted.eval(), freeze=True, with the
+            exported method in preserved_attrs): one step, and one of the
+            exported method;
+  autocast  the train mode's steps under torch.autocast('cpu', bfloat16)
+            (float32): equal dtypes, values judged against the float64 run;
+  double_backward  a gradient penalty: gradients with create_graph=True,
+            then the gradients of the sum of their squares.
+
+Each step runs the original and the optimized module on equal copies of the
+same signed random inputs, in float64 and in float32, and compares outputs,
+the inputs afterwards (in-place writes), gradients of inputs and parameters,
+and buffers (BatchNorm running statistics).  The optimized module must have
+the original's parameters and buffers, shared as they are, and optimize
+must leave its input's methods alone.  Where a mode passes, its
+optimized module is saved with torch.jit.save to a buffer and loaded with
+torch.jit.load (which compiles the saved code again, as for a user of the
+optimize-model CLI), and the mode's steps run again on the loaded module
+against a copy of the original from the same start; failures say "after
+save/load" (see _check_mode for what torch's own round trip excuses).
+--round-trip-every K limits that to programs whose index is a multiple
+of K.  A failing program is shrunk (statements dropped or simplified
+while the failure persists) and, with --emit-regressions, written out as
+a pytest file.  The last line is
+`N passed, M failed`; the exit status is 1 when M > 0.
+
+Program k of seed S depends only on (S, k): `--seed S --start k --programs 1`
+reproduces it.
+
+The package: program (the generator), modes (running the original and the
+optimized module in each mode), judge (tolerances, rounding spread,
+Outcome), shrink, report (the driver, summaries, regression files) and cli;
+tools/fuzz_pass.py and `python -m fuzz` (from tools/) are its command line.
+"""
+
+import importlib.util
+import os
+import sys
+import warnings
+
+# TorchScript has warned on every entry point since torch 2.10.
+warnings.filterwarnings("ignore", message=r"`torch\.jit\.", category=DeprecationWarning)
+
+if importlib.util.find_spec("torchfuse") is None:  # run from a checkout
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+
+from .judge import TOLERANCE, Outcome  # noqa: E402
+from .modes import (  # noqa: E402
+    AFTER_SAVE_LOAD, AUTOCAST, DTYPES, MODES, OPS, Invalid, assert_keeps_meaning, check_program, check_source,
+    load_class,
+)
+from .program import EXPORTED, FEATURES, Program, Stmt, generate  # noqa: E402
+from .report import Summary, emit_regression, run  # noqa: E402
+from .shrink import shrink  # noqa: E402
+from .cli import main  # noqa: E402
+
+__all__ = [
+    "AFTER_SAVE_LOAD", "AUTOCAST", "DTYPES", "EXPORTED", "FEATURES", "MODES", "OPS", "TOLERANCE", "Invalid",
+    "Outcome", "Program", "Stmt", "Summary", "assert_keeps_meaning", "check_program", "check_source",
+    "emit_regression", "generate", "load_class", "main", "run", "shrink",
+]
