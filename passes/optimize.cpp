@@ -2,9 +2,8 @@
 //   clone (new types, shared tensors) -> inline free functions, guard
 //   loop-carried aliases -> Inline (forward, preserved methods) -> guard again
 //   -> [freeze_module] -> ConstantPropagation -> fuseGraph (Canonicalize,
-//   then the registry's fusions in order, ReplaceRelu last, RestoreInPlace)
-//   -> EliminateDeadCode -> [OptimizeFrozenGraph] -> guards to their
-//   persistent form -> lint
+//   then the registry's fusions in order, ReplaceRelu last)
+//   -> EliminateDeadCode -> guards to their persistent form -> lint
 
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/ir/constants.h>
@@ -12,7 +11,6 @@
 #include <torch/csrc/jit/passes/constant_propagation.h>
 #include <torch/csrc/jit/passes/dead_code_elimination.h>
 #include <torch/csrc/jit/passes/freeze_module.h>
-#include <torch/csrc/jit/passes/frozen_graph_optimizations.h>
 #include <torch/csrc/jit/passes/inliner.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <c10/util/StringUtil.h>
@@ -329,24 +327,6 @@ torch::jit::Module optimize(
       *report = counts;
     }
     return plain;
-  }
-  if (options.freeze) {
-    // NB: what torch.jit.freeze runs after freeze_module (conv/linear-BN,
-    // conv-add/sub/mul/div folding, concatenated linears, dropout removal),
-    // after the fusions took their BN chains: the result is then never
-    // behind the frozen module it replaces.
-    std::vector<std::shared_ptr<torch::jit::Graph>> frozen = {graph};
-    for (const auto& path : options.preserved_attrs) {
-      const auto name = path.substr(path.rfind('.') + 1);
-      if (auto method = preservedOwner(result, path).find_method(name)) {
-        if (std::find(frozen.begin(), frozen.end(), method->graph()) == frozen.end()) {
-          frozen.push_back(method->graph());
-        }
-      }
-    }
-    for (auto& g : frozen) {
-      torch::jit::OptimizeFrozenGraph(g, /*optimize_numerics=*/true);
-    }
   }
   // NB: the cached optimized graphs hold guards; they are rebuilt on use.
   forEachMethod(result, [](torch::jit::GraphFunction& f) {

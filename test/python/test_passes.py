@@ -663,22 +663,3 @@ def test_unfused_in_place_relu_stays_in_place(freeze):
     FileCheck().check("aten::relu_(").check_not("aten::relu(").run(graph)
     assert not any(torchfuse.report(opt).values())
     _check_same(ref, opt, [torch.randn(2, 3, 5, 5)], frozen=freeze)
-
-
-def test_freeze_folds_what_no_fusion_took_as_torch_jit_freeze():
-    """optimize(freeze=True) runs torch.jit.freeze's frozen-graph
-    optimizations after the fusions: the BN no chain took is folded into
-    the conv, as in the frozen module it replaces."""
-    torch.manual_seed(0)
-    model = _ConvBnReluInPlace().eval()
-    with torch.no_grad():
-        model.bn.running_mean.uniform_(-1, 1)
-        model.bn.running_var.uniform_(0.5, 2)
-    ref, src = _twin(model, torch.float32)
-    opt = torchfuse.optimize(src, freeze=True)
-    frozen = torch.jit.freeze(torch.jit.script(copy.deepcopy(model)))
-    for graph in (opt.graph, frozen.graph):
-        FileCheck().check("aten::conv2d").check_not("aten::batch_norm").run(graph)
-    x = torch.randn(2, 3, 5, 5)
-    with torch.no_grad():
-        torch.testing.assert_close(opt(x), ref(x))
