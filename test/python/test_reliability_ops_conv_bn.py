@@ -773,7 +773,15 @@ def test_cuda_bn_float64_parameters_behave_as_eager(param, mode):
         with pytest.raises(RuntimeError):
             bn_call(mode, x, w, None, rm, rv, other, 2.0)
         return
-    torch.testing.assert_close(bn_call(mode, x, w, None, rm, rv, other, 2.0), want)
+    ref = F.silu((F.batch_norm(x.double(), rm.double().clone(), rv.double().clone(), w.double(), None,
+                               mode == "train", 0.1, 1e-5) + other.double()) / 2.0)
+    got = bn_call(mode, x, w, None, rm, rv, other, 2.0)
+    if not torch.allclose(want.double(), ref, rtol=1e-3, atol=1e-3):
+        # NB: ATen's CUDA batch_norm gives values off by ~1e27 for a float32
+        # input with float64 running statistics in training (with or without
+        # cuDNN): there is no eager result to match.
+        pytest.xfail("eager's own CUDA batch_norm is wrong for this dtype mix")
+    torch.testing.assert_close(got, want)
     torch.testing.assert_close(rm, rm_e)
 
 
