@@ -15,6 +15,11 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <numeric>
+#include <optional>
+#include <vector>
+
 #include "ops/common/checks.h"
 #include "ops/common/relu_mask.h"
 #include "torchfuse/ops.h"
@@ -22,7 +27,11 @@
 TORCH_LIBRARY_FRAGMENT(torchfuse, m) {
   m.def("custom_relu(Tensor self) -> Tensor");
   m.def("custom_relu_forward_mask(Tensor self) -> (Tensor, Tensor)");
-  m.def("custom_relu_backward(Tensor grad_output, Tensor mask) -> Tensor");
+  // dim_order: grad_input's dims from outermost to innermost in memory.  The
+  // Autograd kernel passes the forward output's, so that grad_input takes
+  // the layout eager's threshold_backward gives (self's); None: grad_output's
+  // layout where it is dense, else contiguous.
+  m.def("custom_relu_backward(Tensor grad_output, Tensor mask, int[]? dim_order=None) -> Tensor");
 }
 
 namespace torchfuse {
@@ -73,6 +82,47 @@ void checkReluBackwardMask(const at::Tensor& grad_output, const at::Tensor& mask
       mask.device());
 }
 
+std::optional<std::vector<int64_t>> reluDimOrder(const at::Tensor& t) {
+  if (!t.is_non_overlapping_and_dense()) {
+    return std::nullopt;
+  }
+  std::vector<int64_t> order(t.dim());
+  std::iota(order.begin(), order.end(), 0);
+  const auto strides = t.strides();
+  // NB: stable, so that size-1 dims (ties) keep their logical places.
+  std::stable_sort(
+      order.begin(), order.end(), [&](int64_t a, int64_t b) { return strides[a] > strides[b]; });
+  return order;
+}
+
+at::Tensor reluGradInput(const at::Tensor& grad_output, at::OptionalIntArrayRef dim_order) {
+  if (!dim_order) {
+    return at::empty_like(grad_output);
+  }
+  const auto order = *dim_order;
+  const auto dims = grad_output.dim();
+  std::vector<bool> seen(dims, false);
+  bool permutation = static_cast<int64_t>(order.size()) == dims;
+  for (const auto d : order) {
+    permutation = permutation && d >= 0 && d < dims && !seen[d];
+    if (permutation) {
+      seen[d] = true;
+    }
+  }
+  TORCH_CHECK(
+      permutation, kBackwardOp, ": expected dim_order to be a permutation of the ", dims,
+      " dims of grad_output, got ", order);
+  const auto sizes = grad_output.sym_sizes();
+  std::vector<c10::SymInt> outer_first(dims);
+  std::vector<int64_t> inverse(dims);
+  for (int64_t i = 0; i < dims; ++i) {
+    outer_first[i] = sizes[order[i]];
+    inverse[order[i]] = i;
+  }
+  auto out = at::empty_symint(outer_first, grad_output.options());
+  return std::is_sorted(order.begin(), order.end()) ? out : out.permute(inverse);
+}
+
 std::tuple<at::Tensor, at::Tensor> reluForwardMask(const at::Tensor& input) {
   static auto op =
       c10::Dispatcher::singleton()
@@ -81,12 +131,15 @@ std::tuple<at::Tensor, at::Tensor> reluForwardMask(const at::Tensor& input) {
   return op.call(input);
 }
 
-at::Tensor reluBackward(const at::Tensor& grad_output, const at::Tensor& mask) {
+at::Tensor reluBackward(
+    const at::Tensor& grad_output,
+    const at::Tensor& mask,
+    at::OptionalIntArrayRef dim_order) {
   static auto op =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("torchfuse::custom_relu_backward", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
-  return op.call(grad_output, mask);
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, at::OptionalIntArrayRef)>();
+  return op.call(grad_output, mask, dim_order);
 }
 
 } // namespace ops

@@ -1,8 +1,11 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/OptionalArrayRef.h>
 
+#include <optional>
 #include <tuple>
+#include <vector>
 
 namespace torchfuse::ops {
 
@@ -19,15 +22,29 @@ at::Tensor reluReference(const at::Tensor& input);
 // grad_output's device.
 void checkReluBackwardMask(const at::Tensor& grad_output, const at::Tensor& mask);
 
+// The order of t's dims from outermost to innermost in memory, for a
+// non-overlapping and dense t; nullopt for any other.
+std::optional<std::vector<int64_t>> reluDimOrder(const at::Tensor& t);
+
+// The uninitialised grad_input of custom_relu_backward: dim_order's layout
+// (checked to be a permutation of grad_output's dims) where given, else
+// empty_like(grad_output).  Shared by every kernel, Meta included, so that
+// all give the same strides.
+at::Tensor reluGradInput(const at::Tensor& grad_output, at::OptionalIntArrayRef dim_order);
+
 // Reference kernels: ATen compositions that run on any device.
 std::tuple<at::Tensor, at::Tensor> reluForwardMaskComposite(
     const at::Tensor& input);
 at::Tensor reluBackwardComposite(
     const at::Tensor& grad_output,
-    const at::Tensor& mask);
+    const at::Tensor& mask,
+    at::OptionalIntArrayRef dim_order);
 
 // Dispatcher calls of the internal ops.
 std::tuple<at::Tensor, at::Tensor> reluForwardMask(const at::Tensor& input);
-at::Tensor reluBackward(const at::Tensor& grad_output, const at::Tensor& mask);
+at::Tensor reluBackward(
+    const at::Tensor& grad_output,
+    const at::Tensor& mask,
+    at::OptionalIntArrayRef dim_order = std::nullopt);
 
 } // namespace torchfuse::ops

@@ -19,6 +19,12 @@ class ReluFunction : public torch::autograd::Function<ReluFunction> {
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [out, mask] = reluForwardMask(input);
     ctx->save_for_backward({mask});
+    // NB: grad_input takes the output's layout, as eager's threshold_backward
+    // gives: for an expanded gradient (of a sum) that is the input's, which
+    // AccumulateGrad keeps instead of copying the gradient into it.
+    if (auto order = reluDimOrder(out)) {
+      ctx->saved_data["dim_order"] = std::move(*order);
+    }
     return out;
   }
 
@@ -26,7 +32,11 @@ class ReluFunction : public torch::autograd::Function<ReluFunction> {
   // Autograd kernel records its own node (double backward).
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto mask = ctx->get_saved_variables()[0];
-    return {reluBackward(grads[0], mask)};
+    const auto order = ctx->saved_data.find("dim_order");
+    if (order == ctx->saved_data.end()) {
+      return {reluBackward(grads[0], mask)};
+    }
+    return {reluBackward(grads[0], mask, order->second.toIntVector())};
   }
 };
 
@@ -39,15 +49,16 @@ class ReluBackwardFunction : public torch::autograd::Function<ReluBackwardFuncti
   static at::Tensor forward(
       AutogradContext* ctx,
       const at::Tensor& grad_output,
-      const at::Tensor& mask) {
+      const at::Tensor& mask,
+      at::OptionalIntArrayRef dim_order) {
     at::AutoDispatchBelowADInplaceOrView guard;
     ctx->save_for_backward({mask});
-    return reluBackward(grad_output, mask);
+    return reluBackward(grad_output, mask, dim_order);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto mask = ctx->get_saved_variables()[0];
-    return {reluBackward(grads[0], mask), at::Tensor()};
+    return {reluBackward(grads[0], mask), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -65,12 +76,13 @@ at::Tensor reluAutograd(const at::Tensor& input) {
 
 at::Tensor reluBackwardAutograd(
     const at::Tensor& grad_output,
-    const at::Tensor& mask) {
+    const at::Tensor& mask,
+    at::OptionalIntArrayRef dim_order) {
   if (needsGraph(grad_output)) {
-    return ReluBackwardFunction::apply(grad_output, mask);
+    return ReluBackwardFunction::apply(grad_output, mask, dim_order);
   }
   at::AutoDispatchBelowADInplaceOrView guard;
-  return reluBackward(grad_output, mask);
+  return reluBackward(grad_output, mask, dim_order);
 }
 
 } // namespace

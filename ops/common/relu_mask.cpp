@@ -190,17 +190,16 @@ at::Tensor unpackReluMask(const at::Tensor& mask, at::IntArrayRef sizes) {
   return bits.view(-1).narrow(0, 0, n).view(at::kBool).view(sizes);
 }
 
-at::Tensor applyReluMask(const at::Tensor& grad, const at::Tensor& mask) {
+at::Tensor applyReluMask(const at::Tensor& grad, const at::Tensor& mask, at::Tensor out) {
   if (!grad.is_cpu() || grad.layout() != at::kStrided || !mask.is_cpu() ||
       !appliesOnCpu(grad.scalar_type())) {
     // masked_fill, not a product: a NaN gradient where the output was
     // clamped must give 0, as threshold_backward does.
-    return grad.masked_fill(unpackReluMask(mask, grad.sizes()).logical_not(), 0);
+    return out.copy_(grad.masked_fill(unpackReluMask(mask, grad.sizes()).logical_not(), 0));
   }
   TORCH_INTERNAL_ASSERT(
       mask.scalar_type() == at::kByte && mask.numel() == reluMaskBytes(grad.numel()),
       "relu mask of ", mask.numel(), " bytes for ", grad.numel(), " elements");
-  auto out = at::empty_like(grad);
   if (grad.numel() > 0) {
     const auto bytes = mask.contiguous();
     AT_DISPATCH_V2(

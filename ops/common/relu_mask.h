@@ -24,10 +24,10 @@ at::Tensor packReluMask(const at::Tensor& t);
 // The bool tensor of shape `sizes` that packReluMask packed.
 at::Tensor unpackReluMask(const at::Tensor& mask, at::IntArrayRef sizes);
 
-// grad where the mask bit is set, 0 elsewhere (a NaN gradient included, as
-// threshold_backward gives).  NB: on the CPU a direct pass that allocates
-// only the result.
-at::Tensor applyReluMask(const at::Tensor& grad, const at::Tensor& mask);
+// Writes into `out` (grad's shape, any strides) grad where the mask bit is
+// set, 0 elsewhere (a NaN gradient included, as threshold_backward gives),
+// and returns it.  NB: on the CPU a direct pass that allocates nothing.
+at::Tensor applyReluMask(const at::Tensor& grad, const at::Tensor& mask, at::Tensor out);
 
 // !(y <= 0) for a ReLU output y.
 at::Tensor reluKeep(const at::Tensor& y);

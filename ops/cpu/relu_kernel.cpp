@@ -15,9 +15,10 @@ std::tuple<at::Tensor, at::Tensor> reluForwardMaskComposite(
 
 at::Tensor reluBackwardComposite(
     const at::Tensor& grad_output,
-    const at::Tensor& mask) {
+    const at::Tensor& mask,
+    at::OptionalIntArrayRef dim_order) {
   checkReluBackwardMask(grad_output, mask);
-  return applyReluMask(grad_output, mask);
+  return applyReluMask(grad_output, mask, reluGradInput(grad_output, dim_order));
 }
 
 } // namespace torchfuse::ops

@@ -92,11 +92,16 @@ std::tuple<at::Tensor, at::Tensor> reluForwardMaskCuda(const at::Tensor& input) 
 }
 
 // NB: grad_output of any strides (an expanded gradient of a sum included) is
-// read in place: no contiguous copy.
-at::Tensor reluBackwardCuda(const at::Tensor& grad_output, const at::Tensor& mask) {
+// read in place: no contiguous copy.  grad_input is written in the layout
+// reluGradInput gives.
+at::Tensor reluBackwardCuda(
+    const at::Tensor& grad_output,
+    const at::Tensor& mask,
+    at::OptionalIntArrayRef dim_order) {
   checkReluBackwardMask(grad_output, mask);
+  auto grad_input = reluGradInput(grad_output, dim_order);
   if (!reluHandles(grad_output)) {
-    return applyReluMask(grad_output, mask);
+    return applyReluMask(grad_output, mask, grad_input);
   }
   c10::cuda::CUDAGuard guard(grad_output.device());
   const auto stream = at::cuda::getCurrentCUDAStream();
@@ -106,7 +111,6 @@ at::Tensor reluBackwardCuda(const at::Tensor& grad_output, const at::Tensor& mas
       reinterpret_cast<uintptr_t>(mask.const_data_ptr()) % 4 == 0;
   const auto bits = aligned ? mask : mask.clone(at::MemoryFormat::Contiguous);
   const auto* words = reinterpret_cast<const uint32_t*>(bits.const_data_ptr<uint8_t>());
-  auto grad_input = at::empty_like(grad_output);
   if (grad_output.is_contiguous() && grad_input.is_contiguous()) {
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad_output.scalar_type(), "custom_relu_backward", [&] {
       kernels::reluBackward(
@@ -118,7 +122,7 @@ at::Tensor reluBackwardCuda(const at::Tensor& grad_output, const at::Tensor& mas
   }
   const auto s = reluStrides(grad_output.sizes(), grad_output.strides(), grad_input.strides());
   if (!s) {
-    return applyReluMask(grad_output, mask);
+    return applyReluMask(grad_output, mask, grad_input);
   }
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad_output.scalar_type(), "custom_relu_backward", [&] {
     kernels::reluBackwardStrided(

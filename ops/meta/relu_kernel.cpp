@@ -23,11 +23,14 @@ std::tuple<at::Tensor, at::Tensor> reluForwardMaskMeta(const at::Tensor& input) 
 }
 
 // The CPU kernel's mask checks (skipped for symbolic sizes).
-at::Tensor reluBackwardMeta(const at::Tensor& grad_output, const at::Tensor& mask) {
+at::Tensor reluBackwardMeta(
+    const at::Tensor& grad_output,
+    const at::Tensor& mask,
+    at::OptionalIntArrayRef dim_order) {
   if (!anySymbolic({grad_output, mask})) {
     checkReluBackwardMask(grad_output, mask);
   }
-  return at::empty_like(grad_output);
+  return reluGradInput(grad_output, dim_order);
 }
 
 } // namespace

@@ -498,6 +498,50 @@ def test_relu_backward_rejects_a_mask_on_another_device():
         ops.custom_relu_backward(torch.ones(40, device="meta"), torch.zeros(8, dtype=torch.uint8))
 
 
+# -------------------------------------------------- relu gradient layout
+
+GRAD_LAYOUTS = {
+    "transposed": lambda x: x.t(),
+    "channels_last": lambda x: x.reshape(2, 3, 4, 10).contiguous(memory_format=torch.channels_last),
+    "permuted_size1": lambda x: x.reshape(1, 6, 40).permute(2, 0, 1),
+}
+
+
+@pytest.mark.parametrize("layout", list(GRAD_LAYOUTS))
+def test_relu_gradient_of_an_expanded_grad_takes_the_input_layout(layout, device="cpu"):
+    """grad_input takes the input's layout, as eager's threshold_backward
+    gives, for an expanded gradient (of a sum) and a contiguous one: then
+    AccumulateGrad keeps it instead of copying it (one gradient-sized
+    allocation, not two)."""
+    x = GRAD_LAYOUTS[layout](signed(6, 40, device=device)).requires_grad_(True)
+    assert not x.is_contiguous()
+    for g in [torch.full((1,), -1.5, dtype=F64, device=device).expand(x.shape),
+              signed(*x.shape, device=device)]:
+        (got,) = torch.autograd.grad(ops.custom_relu(x), x, g)
+        (want,) = torch.autograd.grad(torch.relu(x), x, g)
+        assert got.stride() == want.stride() == x.stride()
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_relu_backward_dim_order_gives_layout_and_is_checked(device):
+    g = torch.ones(1, device=device).expand(2, 3, 4)
+    mask = torch.zeros(4, dtype=torch.uint8, device=device)
+    assert ops.custom_relu_backward(g, mask, [2, 0, 1]).stride() == (3, 1, 6)
+    assert ops.custom_relu_backward(g, mask).stride() == (12, 4, 1)
+    # dim_order wins over a dense grad_output's layout, which None keeps
+    dense_g = torch.ones(4, 3, 2, device=device).permute(2, 1, 0)
+    assert ops.custom_relu_backward(dense_g, mask, [0, 1, 2]).stride() == (12, 4, 1)
+    assert ops.custom_relu_backward(dense_g, mask).stride() == dense_g.stride()
+    for bad in ([0, 1], [0, 1, 1], [0, 1, 3], [0, 1, -1]):
+        with pytest.raises(
+            RuntimeError,
+            match=r"torchfuse::custom_relu_backward: expected dim_order to be a permutation of the 3 dims of "
+            r"grad_output, got \[" + ", ".join(str(d) for d in bad) + r"\]",
+        ):
+            ops.custom_relu_backward(g, mask, bad)
+
+
 # --------------------------------------------------------------------- CUDA
 
 
@@ -551,6 +595,10 @@ class TestCuda:
         shifted.copy_(mask)
         g = signed(100, device="cuda")
         assert torch.equal(ops.custom_relu_backward(g, shifted), ops.custom_relu_backward(g, mask))
+
+    @pytest.mark.parametrize("layout", list(GRAD_LAYOUTS))
+    def test_relu_gradient_of_an_expanded_grad_takes_the_input_layout(self, layout):
+        test_relu_gradient_of_an_expanded_grad_takes_the_input_layout(layout, device="cuda")
 
     def test_relu_mask_allocates_only_output_and_mask(self):
         """Non-contiguous input with grad: the strided mask kernel allocates

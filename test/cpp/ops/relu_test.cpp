@@ -28,10 +28,11 @@ std::tuple<at::Tensor, at::Tensor> forwardMask(const at::Tensor& x) {
 }
 
 at::Tensor backward(const at::Tensor& grad, const at::Tensor& mask) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("torchfuse::custom_relu_backward", "")
-                       .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
-  return op.call(grad, mask);
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("torchfuse::custom_relu_backward", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, at::OptionalIntArrayRef)>();
+  return op.call(grad, mask, std::nullopt);
 }
 
 void checkShape(at::IntArrayRef sizes, at::ScalarType dtype, bool contiguous) {
