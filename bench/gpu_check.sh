@@ -14,7 +14,8 @@
 # results merge into bench/results/models-<gpu>.json of the tree, so that
 # slices of it run in several calls add up).
 #
-# Environment: OUT (logs and results go there: log.txt, results.json,
+# Environment: PYTEST_WORKERS (pytest-xdist workers of the test stage,
+# default 8), OUT (logs and results go there: log.txt, results.json,
 # performance.md, speedup.png, models.json, models.md, models.png; default
 # BUILD_DIR/gpu-check), BUILD_DIR (default build-gpu), TOTAL_S, BENCH_ARGS
 # (extra bench/benchmark.py arguments, e.g. "--workloads relu"),
@@ -103,7 +104,20 @@ if has_stage test; then
     say "== tests (tools/run_tests.sh, limit ${t} s)"
     t0=$(date +%s)
     tlog=$out/.tests.tmp
-    PYTEST_ARGS="${PYTEST_ARGS:--q -rs --durations=10}" timeout -k 10 "$t" tools/run_tests.sh "$BUILD_DIR" > "$tlog" 2>&1
+    # NB: the GPU suite alone takes longer than the stage may: it runs on
+    # PYTEST_WORKERS pytest-xdist workers (requirements-test.txt), installed
+    # from .deps/wheels where the machine has no network and lacks it
+    # (`pip download -d .deps/wheels pytest-xdist==3.8.0 execnet==2.1.2`,
+    # and carry .deps/wheels); sequentially where neither is there.
+    workers=""
+    if ( export TORCHFUSE_BUILD_DIR="$root/$BUILD_DIR"; source ./env.sh
+         python -c 'import xdist' 2>/dev/null || { [ -d .deps/wheels ] &&
+           python -m pip install --quiet --no-index --find-links .deps/wheels pytest-xdist execnet; } ) >> "$log" 2>&1; then
+      workers="-n ${PYTEST_WORKERS:-8}"
+    else
+      say "   pytest-xdist unavailable: the Python tests run in one process"
+    fi
+    PYTEST_ARGS="${PYTEST_ARGS:--q -rs --durations=10} $workers" timeout -k 10 "$t" tools/run_tests.sh "$BUILD_DIR" > "$tlog" 2>&1
     rc=$?
     cat "$tlog" >> "$log"
     # the counts from ctest and pytest, and what failed
