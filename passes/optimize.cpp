@@ -1,7 +1,8 @@
 // The module-level pipeline (docs/passes.md):
 //   clone (new types, shared tensors) -> inline free functions, guard
 //   loop-carried aliases -> Inline (forward, preserved methods) -> guard again
-//   -> [freeze_module] -> ConstantPropagation -> fuseGraph (Canonicalize,
+//   -> [freeze_module] -> ConstantPropagation -> [the frozen graph
+//   optimizations, where every BatchNorm is in inference] -> fuseGraph (Canonicalize,
 //   then the registry's fusions in order, ReplaceRelu last)
 //   -> EliminateDeadCode -> guards to their persistent form -> lint
 
@@ -20,6 +21,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "passes/frozen_optimizations.h"
 #include "passes/loop_alias_guards.h"
 #include "passes/match_filters.h"
 #include "torchfuse/optimize.h"
@@ -259,9 +261,9 @@ torch::jit::Module optimize(
   // NB: the clone gives the result its own class types and method graphs,
   // and shares the attribute values: the caller's module, and other
   // instances sharing its type, keep their methods; tensors stay shared, as
-  // with torch.compile.  freeze_module (not torch::jit::freeze) keeps
-  // BatchNorm nodes: the frozen graph optimizations would fold them into a
-  // preceding layer.
+  // with torch.compile.  freeze_module, not torch::jit::freeze: its frozen
+  // graph optimizations fold a BatchNorm left in training mode too, so they
+  // run below only where that cannot happen.
   std::unordered_map<c10::TypePtr, c10::TypePtr> type_remap;
   torch::jit::Module result =
       cloneSharingState(module, resultCompilationUnit(module), type_remap);
@@ -302,6 +304,13 @@ torch::jit::Module optimize(
   auto graph = forwardGraph(result);
   torch::jit::ConstantPropagation(graph);
   torch::jit::EliminateDeadCode(graph);
+  if (options.freeze) {
+    // NB: what torch.jit.freeze folds (a BatchNorm into the conv or linear
+    // before it, constant scales and shifts into a conv) is folded first:
+    // a frozen result is then never behind torch.jit.freeze's, and the
+    // fusions take the chains that remain.
+    passes::optimizeFrozenGraph(graph);
+  }
 
   // NB: a write through one name of a shared tensor (a training BN on a
   // buffer that is another BN's running_var too) is a write to the others.

@@ -1,0 +1,71 @@
+#include "passes/frozen_optimizations.h"
+#include "test/cpp/passes/pass_test_utils.h"
+
+#include <torch/csrc/jit/ir/irparser.h>
+#include <torch/csrc/jit/testing/file_check.h>
+
+namespace torchfuse::passes {
+namespace {
+
+// NB: tensor constants parsed as uninitialised tensors of their types'
+// sizes: what the folding reads is their shapes.
+std::shared_ptr<torch::jit::Graph> parse(const std::string& ir) {
+  auto graph = std::make_shared<torch::jit::Graph>();
+  torch::jit::parseIR(ir, graph.get(), /*parse_tensor_constants=*/true);
+  return graph;
+}
+
+// conv -> batch_norm in a graph whose parameters are constants, as
+// freeze_module leaves them; `training` and the branch are spliced in.
+std::string convBatchNorm(const std::string& training) {
+  return R"IR(
+graph(%x : Tensor, %c : bool):
+  %w : Float(4, 4, 1, 1, strides=[4, 1, 1, 1], requires_grad=0, device=cpu) = prim::Constant[value=<Tensor>]()
+  %v : Float(4, strides=[1], requires_grad=0, device=cpu) = prim::Constant[value=<Tensor>]()
+  %none : NoneType = prim::Constant()
+  %one : int[] = prim::Constant[value=[1, 1]]()
+  %zero : int[] = prim::Constant[value=[0, 0]]()
+  %g : int = prim::Constant[value=1]()
+  %m : float = prim::Constant[value=0.1]()
+  %e : float = prim::Constant[value=1e-05]()
+  %cudnn : bool = prim::Constant[value=1]()
+  )IR" +
+      training + R"IR(
+  %o : Tensor = prim::If(%c)
+    block0():
+      %y : Tensor = aten::conv2d(%x, %w, %none, %one, %zero, %one, %g)
+      %z : Tensor = aten::batch_norm(%y, %v, %v, %v, %v, %t, %m, %e, %cudnn)
+      -> (%z)
+    block1():
+      -> (%x)
+  return (%o))IR";
+}
+
+TEST(FrozenOptimizations, BatchNormsAreInferenceOnlyForConstantFalse) {
+  EXPECT_TRUE(batchNormsAreInference(
+      parse(convBatchNorm("%t : bool = prim::Constant[value=0]()"))->block()));
+  // NB: nested in a branch, a constant True, and a runtime flag
+  EXPECT_FALSE(batchNormsAreInference(
+      parse(convBatchNorm("%t : bool = prim::Constant[value=1]()"))->block()));
+  EXPECT_FALSE(
+      batchNormsAreInference(parse(convBatchNorm("%t : bool = aten::__not__(%c)"))->block()));
+}
+
+TEST(FrozenOptimizations, FoldsAnInferenceBatchNorm) {
+  auto graph = parse(convBatchNorm("%t : bool = prim::Constant[value=0]()"));
+  EXPECT_TRUE(optimizeFrozenGraph(graph));
+  torch::jit::testing::FileCheck()
+      .check("aten::conv2d")
+      ->check_not("aten::batch_norm")
+      ->run(*graph);
+}
+
+TEST(FrozenOptimizations, NothingRunsWhereABatchNormMayTrain) {
+  auto graph = parse(convBatchNorm("%t : bool = aten::__not__(%c)"));
+  const auto before = graph->toString();
+  EXPECT_FALSE(optimizeFrozenGraph(graph));
+  EXPECT_EQ(graph->toString(), before);
+}
+
+} // namespace
+} // namespace torchfuse::passes

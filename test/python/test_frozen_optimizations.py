@@ -1,0 +1,89 @@
+"""optimize(freeze=True) runs torch.jit.freeze's frozen graph optimizations
+(passes/frozen_optimizations.cpp) before the fusions, except where a
+BatchNorm is not constantly in inference (batchNormsAreInference)."""
+
+import copy
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.testing import FileCheck
+
+import torchfuse
+
+
+def signed(*sizes):
+    t = torch.randn(sizes, dtype=torch.float64)
+    return torch.where(t.abs() < 0.05, torch.full_like(t, 0.5), t)
+
+
+def kinds(module):
+    nodes = module.inlined_graph.nodes()
+    return sorted(n.kind() for n in nodes if n.kind().startswith(("aten::", "torchfuse::")))
+
+
+class ConvBnAdd(nn.Module):
+    """conv -> BatchNorm -> add of a constant -> relu, and linear -> BatchNorm."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.fc = nn.Linear(4, 6)
+        self.bn1 = nn.BatchNorm1d(6)
+        self.shift = nn.Parameter(torch.randn(4, 1, 1))
+
+    def forward(self, x):
+        h = F.relu(self.bn(self.conv(x)) + self.shift)
+        return self.bn1(self.fc(h.mean((2, 3))))
+
+
+def _model():
+    torch.manual_seed(0)
+    m = ConvBnAdd().double()
+    with torch.no_grad():
+        for bn in (m.bn, m.bn1):
+            bn.running_mean.copy_(signed(bn.num_features) * 0.3)
+            bn.running_var.copy_(torch.rand(bn.num_features, dtype=torch.float64) + 0.5)
+            bn.weight.copy_(signed(bn.num_features))
+            bn.bias.copy_(signed(bn.num_features))
+    return m
+
+
+def test_frozen_result_folds_what_torch_jit_freeze_folds():
+    model = _model().eval()
+    x = signed(2, 3, 8, 8)
+    want = model(x)
+    frozen = torch.jit.freeze(torch.jit.script(copy.deepcopy(model)))
+    opt = torchfuse.optimize(torch.jit.script(model), freeze=True)
+    FileCheck().check_not("aten::batch_norm").check_not("custom_batch_norm").run(opt.graph)
+    assert kinds(opt) == kinds(frozen), (kinds(opt), kinds(frozen))
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), want)
+
+
+def test_batch_norm_left_in_training_mode_is_not_folded():
+    """A submodule in training mode inside an eval-mode module: its BatchNorm
+    uses batch statistics and updates its running statistics, which torch's
+    folding would drop."""
+    ref = _model().eval()
+    ref.bn.train()
+    ref.bn1.train()
+    src = copy.deepcopy(ref)
+    initial = ref.bn.running_mean.clone()
+    opt = torchfuse.optimize(torch.jit.script(src), freeze=True)
+    assert "aten::batch_norm" in kinds(opt)
+    for _ in range(2):
+        x = signed(4, 3, 8, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(opt(x), ref(x))
+    for a, b in ((src.bn, ref.bn), (src.bn1, ref.bn1)):
+        torch.testing.assert_close(a.running_mean, b.running_mean)
+        torch.testing.assert_close(a.running_var, b.running_var)
+    assert not torch.equal(ref.bn.running_mean, initial)
+
+
+def test_unfrozen_result_keeps_batch_norm():
+    model = _model().eval()
+    opt = torchfuse.optimize(torch.jit.script(copy.deepcopy(model)))
+    assert "aten::batch_norm" in kinds(opt)
