@@ -108,11 +108,13 @@ at::Tensor reluBackwardCuda(const at::Tensor& grad_output, const at::Tensor& mas
   const auto* words = reinterpret_cast<const uint32_t*>(bits.const_data_ptr<uint8_t>());
   auto grad_input = at::empty_like(grad_output);
   if (grad_output.is_contiguous() && grad_input.is_contiguous()) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad_output.scalar_type(), "custom_relu_backward", [&] {
-      kernels::reluBackward(
-          cudaPtr<scalar_t>(grad_output), words, cudaPtr<scalar_t>(grad_input),
-          grad_output.numel(), stream);
-    });
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, grad_output.scalar_type(), "custom_relu_backward", [&] {
+          kernels::reluBackward<CudaType<scalar_t>::type>(
+              {cudaPtr<scalar_t>(grad_output), words, cudaPtr<scalar_t>(grad_input),
+               grad_output.numel()},
+              stream);
+        });
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return grad_input;
   }
@@ -120,11 +122,13 @@ at::Tensor reluBackwardCuda(const at::Tensor& grad_output, const at::Tensor& mas
   if (!s) {
     return applyReluMask(grad_output, mask);
   }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad_output.scalar_type(), "custom_relu_backward", [&] {
-    kernels::reluBackwardStrided(
-        cudaPtr<scalar_t>(grad_output), words, cudaPtr<scalar_t>(grad_input), *s,
-        grad_output.numel(), stream);
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, grad_output.scalar_type(), "custom_relu_backward", [&] {
+        kernels::reluBackwardStrided<CudaType<scalar_t>::type>(
+            {cudaPtr<scalar_t>(grad_output), words, cudaPtr<scalar_t>(grad_input),
+             grad_output.numel()},
+            *s, stream);
+      });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return grad_input;
 }
