@@ -58,86 +58,56 @@ int64_t batchNormSwishWorkspaceBytes(BnShape shape, int elem_size, int num_sms) 
 }
 
 template <typename T>
-void batchNormSwishTrainForward(
-    const T* x,
-    T* out,
-    BnShape shape,
-    const BnAffine& affine,
-    BnChannelMut running_mean,
-    BnChannelMut running_var,
-    double momentum,
-    double eps,
-    float* save_mean,
-    float* save_invstd,
-    void* workspace,
-    int num_sms,
-    cudaStream_t stream) {
+void batchNormSwishTrainForward(const BnForward<T>& f, const BnTrainStats& s, cudaStream_t stream) {
+  const BnShape shape = f.shape;
   if (numel(shape) == 0) {
     return;
   }
-  const Plan p = makePlan(shape, sizeof(T), num_sms);
-  const auto ws = carve<float>(workspace, shape, p);
-  withVec<T>(p, aligned16(x) && aligned16(out), [&](auto vc) {
+  const Plan p = makePlan(shape, sizeof(T), f.num_sms);
+  const auto ws = carve<float>(f.workspace, shape, p);
+  withVec<T>(p, aligned16(f.x) && aligned16(f.out), [&](auto vc) {
     constexpr int V = decltype(vc)::value;
     launchReduce<T, V, false>(
-        p, shape, x, nullptr, nullptr, SwishGradArgs{}, ws.part0, ws.part1, stream);
-    launchTrainStatsFinalize<T>(
-        x, StatsPartials{ws.part0, ws.part1, p.splits, p.total, p.per}, shape.c, shape.l,
-        shape.n * shape.l, affine, running_mean, running_var, momentum, eps, save_mean, save_invstd,
-        ws.coef, stream);
+        p, shape, f.x, nullptr, nullptr, SwishGradArgs{}, ws.part0, ws.part1, stream);
+    launchTrainStatsFinalize<T>(f, s, statsPartials(ws, p), ws.coef, stream);
     const int64_t nvec = numel(shape) / V;
-    launchApplyForward<T, V>(x, out, nvec, shape.c, shape.l, ws.coef, stream);
+    launchApplyForward<T, V>(f.x, f.out, nvec, shape.c, shape.l, ws.coef, stream);
   });
 }
 
 template <typename T>
-void batchNormSwishEvalForward(
-    const T* x,
-    T* out,
-    BnShape shape,
-    const BnAffine& affine,
-    BnChannelRef running_mean,
-    BnChannelRef running_var,
-    double eps,
-    void* workspace,
-    int num_sms,
-    cudaStream_t stream) {
+void batchNormSwishEvalForward(const BnForward<T>& f, const BnEvalStats& s, cudaStream_t stream) {
+  const BnShape shape = f.shape;
   if (numel(shape) == 0) {
     return;
   }
-  const Plan p = makePlan(shape, sizeof(T), num_sms);
-  float* coef = static_cast<float*>(workspace);
+  const Plan p = makePlan(shape, sizeof(T), f.num_sms);
+  float* coef = static_cast<float*>(f.workspace);
   launchCoefFromStats(
-      shape.c, running_mean, running_var, /*is_var=*/true, eps, affine, coef, stream);
-  withVec<T>(p, aligned16(x) && aligned16(out), [&](auto vc) {
+      shape.c, s.running_mean, s.running_var, /*is_var=*/true, s.eps, f.affine, coef, stream);
+  withVec<T>(p, aligned16(f.x) && aligned16(f.out), [&](auto vc) {
     constexpr int V = decltype(vc)::value;
     const int64_t nvec = numel(shape) / V;
-    launchApplyForward<T, V>(x, out, nvec, shape.c, shape.l, coef, stream);
+    launchApplyForward<T, V>(f.x, f.out, nvec, shape.c, shape.l, coef, stream);
   });
 }
 
 template <typename T>
-void batchNormSwishBackward(
-    const T* grad_output,
-    const T* x,
-    BnShape shape,
-    const BnAffine& affine,
-    BnChannelRef mean,
-    BnChannelRef invstd,
-    bool training,
-    bool silu,
-    T* grad_input,
-    const BnParamGrads& grads,
-    void* workspace,
-    int num_sms,
-    cudaStream_t stream) {
+void batchNormSwishBackward(const BnBackward<T>& b, cudaStream_t stream) {
+  // NB: lambdas capture no structured bindings in C++17.
+  const T *grad_output = b.grad_output, *x = b.x;
+  T* const grad_input = b.grad_input;
+  const BnShape shape = b.shape;
+  const BnAffine& affine = b.affine;
+  const BnParamGrads& grads = b.grads;
+  const bool training = b.training;
   if (numel(shape) == 0) {
     return;
   }
-  const Plan p = makePlan(shape, sizeof(T), num_sms);
-  const auto ws = carve<double>(workspace, shape, p);
-  const SwishGradArgs ga{1.0 / affine.divisor, silu};
-  launchCoefFromStats(shape.c, mean, invstd, /*is_var=*/false, 0.0, affine, ws.coef, stream);
+  const Plan p = makePlan(shape, sizeof(T), b.num_sms);
+  const auto ws = carve<double>(b.workspace, shape, p);
+  const SwishGradArgs ga{1.0 / affine.divisor, b.silu};
+  launchCoefFromStats(shape.c, b.mean, b.invstd, /*is_var=*/false, 0.0, affine, ws.coef, stream);
   const bool need_sums = (training && grad_input != nullptr) || grads.weight.data != nullptr ||
       grads.bias.data != nullptr || grads.other.data != nullptr;
   const bool other_per_channel = affine.other.stride != 0;
@@ -147,12 +117,10 @@ void batchNormSwishBackward(
     if constexpr (std::is_same_v<T, float>) {
       if (training) {
         // The forward's statistics pass again (its float partials), for mu_lo.
-        const auto stats = carve<float>(workspace, shape, p);
+        const auto stats = carve<float>(b.workspace, shape, p);
         launchReduce<T, V, false>(
             p, shape, x, nullptr, nullptr, SwishGradArgs{}, stats.part0, stats.part1, stream);
-        launchMeanLo(
-            x, StatsPartials{stats.part0, stats.part1, p.splits, p.total, p.per}, shape.c, shape.l,
-            ws.coef, stream);
+        launchMeanLo(x, statsPartials(stats, p), shape.c, shape.l, ws.coef, stream);
       }
     }
     if (need_sums) {
@@ -178,16 +146,12 @@ void batchNormSwishBackward(
   });
 }
 
-#define TORCHFUSE_INSTANTIATE_BN_SWISH(T)                                                         \
-  template void batchNormSwishTrainForward<T>(                                                    \
-      const T*, T*, BnShape, const BnAffine&, BnChannelMut, BnChannelMut, double, double, float*, \
-      float*, void*, int, cudaStream_t);                                                          \
-  template void batchNormSwishEvalForward<T>(                                                     \
-      const T*, T*, BnShape, const BnAffine&, BnChannelRef, BnChannelRef, double, void*, int,     \
-      cudaStream_t);                                                                              \
-  template void batchNormSwishBackward<T>(                                                        \
-      const T*, const T*, BnShape, const BnAffine&, BnChannelRef, BnChannelRef, bool, bool, T*,   \
-      const BnParamGrads&, void*, int, cudaStream_t);
+#define TORCHFUSE_INSTANTIATE_BN_SWISH(T)                      \
+  template void batchNormSwishTrainForward<T>(                 \
+      const BnForward<T>&, const BnTrainStats&, cudaStream_t); \
+  template void batchNormSwishEvalForward<T>(                  \
+      const BnForward<T>&, const BnEvalStats&, cudaStream_t);  \
+  template void batchNormSwishBackward<T>(const BnBackward<T>&, cudaStream_t);
 TORCHFUSE_FOR_EACH_FLOAT_TYPE(TORCHFUSE_INSTANTIATE_BN_SWISH)
 #undef TORCHFUSE_INSTANTIATE_BN_SWISH
 

@@ -72,39 +72,47 @@ struct BnParamGrads {
 // call).
 int64_t batchNormSwishWorkspaceBytes(BnShape shape, int elem_size, int num_sms);
 
+// A forward's tensors and workspace: out has x's layout; workspace holds
+// batchNormSwishWorkspaceBytes(shape, sizeof(T), num_sms) bytes.
+template <typename T>
+struct BnForward {
+  const T* x;
+  T* out;
+  BnShape shape;
+  BnAffine affine;
+  void* workspace;
+  int num_sms;
+};
+
+// The training forward's statistics: the running statistics updated in
+// place (each may be absent), save_mean / save_invstd (float32, each may be
+// null).
+struct BnTrainStats {
+  BnChannelMut running_mean;
+  BnChannelMut running_var;
+  double momentum;
+  double eps;
+  float* save_mean;
+  float* save_invstd;
+};
+
 // Training forward: batch statistics (Welford, float32, merged in float64),
 // the running-statistics update
 //   rm <- (1 - m) rm + m mu,   rv <- (1 - m) rv + m var * M / (M - 1),
-// save_mean / save_invstd (float32, may be null) and out.
+// save_mean / save_invstd and out.
 template <typename T>
-void batchNormSwishTrainForward(
-    const T* x,
-    T* out,
-    BnShape shape,
-    const BnAffine& affine,
-    BnChannelMut running_mean,
-    BnChannelMut running_var,
-    double momentum,
-    double eps,
-    float* save_mean,
-    float* save_invstd,
-    void* workspace,
-    int num_sms,
-    cudaStream_t stream);
+void batchNormSwishTrainForward(const BnForward<T>& f, const BnTrainStats& s, cudaStream_t stream);
+
+// The eval forward's statistics: the running mean and variance.
+struct BnEvalStats {
+  BnChannelRef running_mean;
+  BnChannelRef running_var;
+  double eps;
+};
 
 // Eval forward with the running statistics: invstd = 1 / sqrt(rv + eps).
 template <typename T>
-void batchNormSwishEvalForward(
-    const T* x,
-    T* out,
-    BnShape shape,
-    const BnAffine& affine,
-    BnChannelRef running_mean,
-    BnChannelRef running_var,
-    double eps,
-    void* workspace,
-    int num_sms,
-    cudaStream_t stream);
+void batchNormSwishEvalForward(const BnForward<T>& f, const BnEvalStats& s, cudaStream_t stream);
 
 // Backward.  mean / invstd are the saved batch statistics (training) or the
 // running mean and 1/sqrt(rv + eps) (eval).  silu: the swish's derivative as
@@ -117,19 +125,22 @@ void batchNormSwishEvalForward(
 // x on the float64 batch mean, recomputed as the forward computed it, where
 // mean is that mean's float32 rounding.
 template <typename T>
-void batchNormSwishBackward(
-    const T* grad_output,
-    const T* x,
-    BnShape shape,
-    const BnAffine& affine,
-    BnChannelRef mean,
-    BnChannelRef invstd,
-    bool training,
-    bool silu,
-    T* grad_input,
-    const BnParamGrads& grads,
-    void* workspace,
-    int num_sms,
-    cudaStream_t stream);
+struct BnBackward {
+  const T* grad_output;
+  const T* x;
+  BnShape shape;
+  BnAffine affine;
+  BnChannelRef mean;
+  BnChannelRef invstd;
+  bool training;
+  bool silu;
+  T* grad_input;
+  BnParamGrads grads;
+  void* workspace; // as BnForward's
+  int num_sms;
+};
+
+template <typename T>
+void batchNormSwishBackward(const BnBackward<T>& b, cudaStream_t stream);
 
 } // namespace torchfuse::kernels

@@ -261,22 +261,15 @@ unsigned channelBlocks(int64_t c) {
 
 template <typename T>
 void launchTrainStatsFinalize(
-    const T* x,
+    const BnForward<T>& f,
+    const BnTrainStats& s,
     StatsPartials sp,
-    int64_t c,
-    int64_t l,
-    int64_t m,
-    const BnAffine& aff,
-    BnChannelMut running_mean,
-    BnChannelMut running_var,
-    double momentum,
-    double eps,
-    float* save_mean,
-    float* save_invstd,
     float* coef,
     cudaStream_t stream) {
+  const int64_t c = f.shape.c;
   trainStatsFinalizeKernel<T><<<channelBlocks(c), kThreads, 0, stream>>>(
-      x, sp, c, l, m, aff, running_mean, running_var, momentum, eps, save_mean, save_invstd, coef);
+      f.x, sp, c, f.shape.l, f.shape.n * f.shape.l, f.affine, s.running_mean, s.running_var,
+      s.momentum, s.eps, s.save_mean, s.save_invstd, coef);
 }
 
 void launchMeanLo(
@@ -325,10 +318,9 @@ void launchSumChannels(
   sumChannelsKernel<<<1, kThreads, 0, stream>>>(channel_sum, c, out);
 }
 
-#define TORCHFUSE_INSTANTIATE_CHANNELS(T)                                                \
-  template void launchTrainStatsFinalize<T>(                                             \
-      const T*, StatsPartials, int64_t, int64_t, int64_t, const BnAffine&, BnChannelMut, \
-      BnChannelMut, double, double, float*, float*, float*, cudaStream_t);
+#define TORCHFUSE_INSTANTIATE_CHANNELS(T)    \
+  template void launchTrainStatsFinalize<T>( \
+      const BnForward<T>&, const BnTrainStats&, StatsPartials, float*, cudaStream_t);
 TORCHFUSE_FOR_EACH_FLOAT_TYPE(TORCHFUSE_INSTANTIATE_CHANNELS)
 #undef TORCHFUSE_INSTANTIATE_CHANNELS
 

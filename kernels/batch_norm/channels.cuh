@@ -15,22 +15,13 @@
 namespace torchfuse::kernels::batch_norm {
 
 // Training forward: the batch statistics from the statistics reduction's
-// partials, the running-statistics update, save_mean / save_invstd (each may
-// be null) and the coefficients.  m = n * l.
+// partials sp, the running-statistics update, save_mean / save_invstd (each
+// may be null) and the coefficients into coef.
 template <typename T>
 void launchTrainStatsFinalize(
-    const T* x,
+    const BnForward<T>& f,
+    const BnTrainStats& s,
     StatsPartials sp,
-    int64_t c,
-    int64_t l,
-    int64_t m,
-    const BnAffine& aff,
-    BnChannelMut running_mean,
-    BnChannelMut running_var,
-    double momentum,
-    double eps,
-    float* save_mean,
-    float* save_invstd,
     float* coef,
     cudaStream_t stream);
 

@@ -119,4 +119,9 @@ Workspace<Acc> carve(void* ws, BnShape s, const Plan& p) {
   return w;
 }
 
+// The statistics reduction's partials in the workspace carved as w.
+inline StatsPartials statsPartials(const Workspace<float>& w, const Plan& p) {
+  return StatsPartials{w.part0, w.part1, p.splits, p.total, p.per};
+}
+
 } // namespace torchfuse::kernels::batch_norm

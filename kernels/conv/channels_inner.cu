@@ -45,12 +45,7 @@ __global__ void __launch_bounds__(kTile * kRows) epilogueKernel(
     for (int64_t s0 = int64_t(blockIdx.y) * kTile; s0 < positions;
          s0 += int64_t(gridDim.y) * kTile) {
       if (kNchw) {
-        for (int i = threadIdx.y; i < kTile; i += kRows) {
-          const int64_t ch = int64_t(blockIdx.x) * kTile + i, s = s0 + lane;
-          if (ch < channels && s < positions) {
-            tile[i][lane] = toFloat(conv[base + ch * positions + s]);
-          }
-        }
+        moveNchwTile<true>(tile, conv, base, channels, positions, s0, lane);
         __syncthreads();
       }
       for (int i = threadIdx.y; i < kTile; i += kRows) {
@@ -78,12 +73,7 @@ __global__ void __launch_bounds__(kTile * kRows) epilogueKernel(
       }
       if (kNchw) {
         __syncthreads();
-        for (int i = threadIdx.y; i < kTile; i += kRows) {
-          const int64_t ch = int64_t(blockIdx.x) * kTile + i, s = s0 + lane;
-          if (ch < channels && s < positions) {
-            out[base + ch * positions + s] = fromFloat<T>(tile[i][lane]);
-          }
-        }
+        moveNchwTile<false>(tile, out, base, channels, positions, s0, lane);
         __syncthreads();
       }
     }
@@ -114,6 +104,8 @@ __global__ void __launch_bounds__(kTile * kRows) gradPrologueKernel(
   double acc_g = 0., acc_dy = 0.;
   for (int64_t s0 = int64_t(blockIdx.y) * kTile; s0 < positions; s0 += int64_t(gridDim.y) * kTile) {
     if (kDyNchw) {
+      // NB: not moveNchwTile: through it, the restrict dy's loads scheduled
+      // differently (this kernel's code is kept as measured).
       for (int i = threadIdx.y; i < kTile; i += kRows) {
         const int64_t ch = int64_t(blockIdx.x) * kTile + i, s = s0 + lane;
         if (ch < channels && s < positions) {
@@ -142,12 +134,7 @@ __global__ void __launch_bounds__(kTile * kRows) gradPrologueKernel(
     }
     if (kGNchw) {
       __syncthreads();
-      for (int i = threadIdx.y; i < kTile; i += kRows) {
-        const int64_t ch = int64_t(blockIdx.x) * kTile + i, s = s0 + lane;
-        if (ch < channels && s < positions) {
-          g[nchw_base + ch * positions + s] = fromFloat<T>(tile[i][lane]);
-        }
-      }
+      moveNchwTile<false>(tile, g, nchw_base, channels, positions, s0, lane);
     }
     if (kDyNchw || kGNchw) {
       __syncthreads();
@@ -178,28 +165,25 @@ int64_t gradBlocksPerImage(int64_t n, int64_t c, int64_t s) {
 
 } // namespace
 
+template <typename T, bool kNchw>
+void launchEpilogue(const ConvEpilogueArgs<T>& a, cudaStream_t stream) {
+  const dim3 g = grid(tiles(a.c), tiles(a.s), a.n);
+  epilogueKernel<T, kNchw><<<g, dim3(kTile, kRows), 0, stream>>>(
+      a.conv, a.bias, a.other, a.alpha, a.out, a.mask, a.n, a.c, a.s);
+}
+
 template <typename T>
 void convReluAddEpilogueChannelsInner(
-    const T* conv,
-    const T* bias,
-    const T* other,
-    float alpha,
-    T* out,
+    const ConvEpilogueArgs<T>& a,
     bool nchw,
-    uint32_t* mask,
-    int64_t n,
-    int64_t c,
-    int64_t s,
     cudaStream_t stream) {
-  if (n == 0 || c == 0 || s == 0) {
+  if (a.n == 0 || a.c == 0 || a.s == 0) {
     return;
   }
-  const dim3 g = grid(tiles(c), tiles(s), n);
-  const dim3 b(kTile, kRows);
   if (nchw) {
-    epilogueKernel<T, true><<<g, b, 0, stream>>>(conv, bias, other, alpha, out, mask, n, c, s);
+    launchEpilogue<T, true>(a, stream);
   } else {
-    epilogueKernel<T, false><<<g, b, 0, stream>>>(conv, bias, other, alpha, out, mask, n, c, s);
+    launchEpilogue<T, false>(a, stream);
   }
 }
 
@@ -207,45 +191,41 @@ int64_t convReluAddGradPartsChannelsInner(int64_t n, int64_t c, int64_t s) {
   return n * gradBlocksPerImage(n, c, s);
 }
 
+template <typename T, bool kDyNchw, bool kGNchw>
+void launchGradPrologue(const ConvGradArgs<T>& a, cudaStream_t stream) {
+  // NB: one image per grid z index: the partial-sum rows are indexed by it.
+  const dim3 g(
+      static_cast<unsigned>(tiles(a.c)), static_cast<unsigned>(gradBlocksPerImage(a.n, a.c, a.s)),
+      static_cast<unsigned>(a.n));
+  gradPrologueKernel<T, kDyNchw, kGNchw>
+      <<<g, dim3(kTile, kRows), 0, stream>>>(a.dy, a.mask, a.g, a.sum_g, a.sum_dy, a.c, a.s);
+}
+
 template <typename T>
 void convReluAddGradPrologueChannelsInner(
-    const T* dy,
+    const ConvGradArgs<T>& a,
     bool dy_nchw,
-    const uint32_t* mask,
-    T* g,
     bool g_nchw,
-    double* sum_g,
-    double* sum_dy,
-    int64_t n,
-    int64_t c,
-    int64_t s,
     cudaStream_t stream) {
-  if (n == 0 || c == 0 || s == 0) {
+  if (a.n == 0 || a.c == 0 || a.s == 0) {
     return;
   }
-  // NB: one image per grid z index: the partial-sum rows are indexed by it.
-  const dim3 g3(
-      static_cast<unsigned>(tiles(c)), static_cast<unsigned>(gradBlocksPerImage(n, c, s)),
-      static_cast<unsigned>(n));
-  const dim3 b(kTile, kRows);
   if (dy_nchw && g_nchw) {
-    gradPrologueKernel<T, true, true><<<g3, b, 0, stream>>>(dy, mask, g, sum_g, sum_dy, c, s);
+    launchGradPrologue<T, true, true>(a, stream);
   } else if (dy_nchw) {
-    gradPrologueKernel<T, true, false><<<g3, b, 0, stream>>>(dy, mask, g, sum_g, sum_dy, c, s);
+    launchGradPrologue<T, true, false>(a, stream);
   } else if (g_nchw) {
-    gradPrologueKernel<T, false, true><<<g3, b, 0, stream>>>(dy, mask, g, sum_g, sum_dy, c, s);
+    launchGradPrologue<T, false, true>(a, stream);
   } else {
-    gradPrologueKernel<T, false, false><<<g3, b, 0, stream>>>(dy, mask, g, sum_g, sum_dy, c, s);
+    launchGradPrologue<T, false, false>(a, stream);
   }
 }
 
-#define TORCHFUSE_INSTANTIATE(T)                                                              \
-  template void convReluAddEpilogueChannelsInner<T>(                                          \
-      const T*, const T*, const T*, float, T*, bool, uint32_t*, int64_t, int64_t, int64_t,    \
-      cudaStream_t);                                                                          \
-  template void convReluAddGradPrologueChannelsInner<T>(                                      \
-      const T*, bool, const uint32_t*, T*, bool, double*, double*, int64_t, int64_t, int64_t, \
-      cudaStream_t);
+#define TORCHFUSE_INSTANTIATE(T)                         \
+  template void convReluAddEpilogueChannelsInner<T>(     \
+      const ConvEpilogueArgs<T>&, bool, cudaStream_t);   \
+  template void convReluAddGradPrologueChannelsInner<T>( \
+      const ConvGradArgs<T>&, bool, bool, cudaStream_t);
 TORCHFUSE_FOR_EACH_FLOAT_TYPE(TORCHFUSE_INSTANTIATE)
 #undef TORCHFUSE_INSTANTIATE
 

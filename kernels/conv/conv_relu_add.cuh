@@ -23,49 +23,53 @@
 
 namespace torchfuse::kernels {
 
+// The epilogue's operands, from the conv output `conv` (n x c x s):
+//   t = conv + bias[c];  out = (t <= 0 ? 0 : t) + alpha * other[c]
+// and the relu mask of t.  bias, other (C values each) and mask may be null.
+template <typename T>
+struct ConvEpilogueArgs {
+  const T* conv;
+  const T* bias;
+  const T* other;
+  float alpha;
+  T* out;
+  uint32_t* mask;
+  int64_t n, c, s;
+};
+
+// The grad prologue's operands, from grad_output `dy` (n x c x s) and the
+// relu mask: g = mask ? dy : 0, and per-channel partial sums of g and of dy
+// into sum_g and sum_dy (either may be null).
+template <typename T>
+struct ConvGradArgs {
+  const T* dy;
+  const uint32_t* mask;
+  T* g;
+  double* sum_g;
+  double* sum_dy;
+  int64_t n, c, s;
+};
+
 // ---- positions-inner mask, nchw tensors: unstaged streaming passes
 // (positions_inner.cu).
 
-// From the nchw conv output `conv`, in one pass:
-//   t = conv + bias[c];  out = (t <= 0 ? 0 : t) + alpha * other[c]
-// (nchw), and the positions-inner mask of t.  bias, other (C values each) and
-// mask may be null; out may be conv; mask must be 4-byte aligned.  16-byte
-// loads and stores where conv and out are 16-byte aligned, else scalar ones.
+// The epilogue in one pass over nchw conv and out, with the positions-inner
+// mask.  out may be conv; mask must be 4-byte aligned.  16-byte loads and
+// stores where conv and out are 16-byte aligned, else scalar ones.
 template <typename T>
-void convReluAddEpiloguePositionsInner(
-    const T* conv,
-    const T* bias,
-    const T* other,
-    float alpha,
-    T* out,
-    uint32_t* mask,
-    int64_t n,
-    int64_t c,
-    int64_t s,
-    cudaStream_t stream);
+void convReluAddEpiloguePositionsInner(const ConvEpilogueArgs<T>& a, cudaStream_t stream);
 
 // Partial sums convReluAddGradProloguePositionsInner writes: `parts` rows of
 // C doubles each.  n <= 65535.
 int64_t convReluAddGradPartsPositionsInner(int64_t n, int64_t c, int64_t s);
 
-// From the nchw grad_output `dy` and the positions-inner mask, in one pass:
-//   g = mask ? dy : 0 (nchw),
-// and per-channel partial sums of g and of dy into sum_g and sum_dy
-// (convReluAddGradPartsPositionsInner rows of C each; either may be null).
+// The grad prologue in one pass over nchw dy and g, with the positions-inner
+// mask; convReluAddGradPartsPositionsInner rows of C partial sums each.
 // n <= 65535; mask 4-byte aligned.  16-byte loads and stores where dy and g
 // are 16-byte aligned and S is a multiple of 16 bytes' worth of elements,
 // else scalar ones.
 template <typename T>
-void convReluAddGradProloguePositionsInner(
-    const T* dy,
-    const uint32_t* mask,
-    T* g,
-    double* sum_g,
-    double* sum_dy,
-    int64_t n,
-    int64_t c,
-    int64_t s,
-    cudaStream_t stream);
+void convReluAddGradProloguePositionsInner(const ConvGradArgs<T>& a, cudaStream_t stream);
 
 // ---- channels-inner mask: one warp ballot per word, nchw tensors staged
 // through shared-memory tiles (channels_inner.cu).
@@ -73,18 +77,7 @@ void convReluAddGradProloguePositionsInner(
 // As convReluAddEpiloguePositionsInner, with the channels-inner mask and
 // `conv`/`out` nchw when nchw, else nhwc.
 template <typename T>
-void convReluAddEpilogueChannelsInner(
-    const T* conv,
-    const T* bias,
-    const T* other,
-    float alpha,
-    T* out,
-    bool nchw,
-    uint32_t* mask,
-    int64_t n,
-    int64_t c,
-    int64_t s,
-    cudaStream_t stream);
+void convReluAddEpilogueChannelsInner(const ConvEpilogueArgs<T>& a, bool nchw, cudaStream_t stream);
 
 // Partial sums convReluAddGradPrologueChannelsInner writes: `parts` rows of
 // C doubles each.
@@ -94,16 +87,9 @@ int64_t convReluAddGradPartsChannelsInner(int64_t n, int64_t c, int64_t s);
 // nchw when dy_nchw, else nhwc, and g nchw when g_nchw, else nhwc.
 template <typename T>
 void convReluAddGradPrologueChannelsInner(
-    const T* dy,
+    const ConvGradArgs<T>& a,
     bool dy_nchw,
-    const uint32_t* mask,
-    T* g,
     bool g_nchw,
-    double* sum_g,
-    double* sum_dy,
-    int64_t n,
-    int64_t c,
-    int64_t s,
     cudaStream_t stream);
 
 // ---- the channels-last route for nchw inputs (transposes.cu;
@@ -115,62 +101,36 @@ void convReluAddGradPrologueChannelsInner(
 // dst[b][j][i] = src[b][i][j] for b < batch, i < rows, j < cols: nchw to
 // nhwc with rows = C and cols = S, nhwc to nchw with rows = S and cols = C.
 template <typename T>
-void transposeBatched(
-    const T* src,
-    T* dst,
-    int64_t batch,
-    int64_t rows,
-    int64_t cols,
-    cudaStream_t stream);
+struct TransposeArgs {
+  const T* src;
+  T* dst;
+  int64_t batch, rows, cols;
+};
+
+template <typename T>
+void transposeBatched(const TransposeArgs<T>& a, cudaStream_t stream);
 
 // transposeBatched for float32, each value rounded to TF32 on the way
 // (nearest, ties away from zero): the inputs of the implicit-GEMM
 // convolution (implicit_gemm_sm90.cuh), whose MMAs would truncate them.
-void transposeBatchedTf32(
-    const float* src,
-    float* dst,
-    int64_t batch,
-    int64_t rows,
-    int64_t cols,
-    cudaStream_t stream);
+void transposeBatchedTf32(const TransposeArgs<float>& a, cudaStream_t stream);
 
 // The relu's gradient of an nchw conv output for a channels-last
-// convolution backward, in one pass: g = mask bit ? dy : 0, dy nchw
+// convolution backward, in one pass: the grad prologue with dy nchw
 // [n][c][s], mask in the output's logical (nchw) order, g written nhwc
 // [n][s][c], rounded to TF32 (as transposeBatchedTf32) when tf32.  g must
-// not overlap dy.  With sum_g and sum_dy (either may be null; at least
-// convReluAddGradNchwToNhwcParts(n, c, s) rows of c each), also the partial
-// sums of the unrounded g (the bias gradient) and of dy, one row of c per
-// block of positions; returns the rows written.
+// not overlap dy.  The partial sums (at least
+// convReluAddGradNchwToNhwcParts(n, c, s) rows of c each) are of the
+// unrounded g (the bias gradient) and of dy, one row of c per block of
+// positions; returns the rows written.
 int64_t convReluAddGradNchwToNhwcParts(int64_t n, int64_t c, int64_t s);
 
 template <typename T>
-int64_t convReluAddGradNchwToNhwc(
-    const T* dy,
-    const uint32_t* mask,
-    T* g,
-    bool tf32,
-    double* sum_g,
-    double* sum_dy,
-    int64_t n,
-    int64_t c,
-    int64_t s,
-    cudaStream_t stream);
+int64_t convReluAddGradNchwToNhwc(const ConvGradArgs<T>& a, bool tf32, cudaStream_t stream);
 
-// From the nhwc conv output `conv`, in one pass:
-//   t = conv + bias[c];  out = (t <= 0 ? 0 : t) + alpha * other[c]
-// written nchw.  bias and other (C values each) may be null; out must not
-// overlap conv.
+// The epilogue in one pass from the nhwc conv output, out written nchw; no
+// mask (a.mask is not read).  out must not overlap conv.
 template <typename T>
-void convReluAddEpilogueNhwcToNchw(
-    const T* conv,
-    const T* bias,
-    const T* other,
-    float alpha,
-    T* out,
-    int64_t n,
-    int64_t c,
-    int64_t s,
-    cudaStream_t stream);
+void convReluAddEpilogueNhwcToNchw(const ConvEpilogueArgs<T>& a, cudaStream_t stream);
 
 } // namespace torchfuse::kernels

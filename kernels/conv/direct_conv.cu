@@ -118,18 +118,10 @@ __global__ void __launch_bounds__(kThreads) directConvKernel(
 }
 
 template <int KB>
-void launch(
-    const float* x,
-    const float* weight,
-    const float* bias,
-    const float* other,
-    float alpha,
-    float* out,
-    const DirectConv& g,
-    cudaStream_t stream) {
+void launch(const ConvReluAddOperands& o, const DirectConv& g, cudaStream_t stream) {
   const dim3 grid(unsigned((g.p * g.q + kThreads - 1) / kThreads), unsigned(g.n));
   directConvKernel<KB><<<grid, kThreads, sharedBytes(g, KB), stream>>>(
-      x, weight, bias, other, alpha, out, g, int(inputRows(g)));
+      o.x, o.weight, o.bias, o.other, o.alpha, o.out, g, int(inputRows(g)));
 }
 
 }  // namespace
@@ -149,24 +141,16 @@ bool directConvTakes(const DirectConv& g) {
       g.h + g.pad_h <= kMax32 / 2 && g.w + g.pad_w <= kMax32 / 2;
 }
 
-void directConvReluAdd(
-    const float* x,
-    const float* weight,
-    const float* bias,
-    const float* other,
-    float alpha,
-    float* out,
-    const DirectConv& g,
-    cudaStream_t stream) {
+void directConvReluAdd(const ConvReluAddOperands& o, const DirectConv& g, cudaStream_t stream) {
   switch (channelBlock(g.k)) {
     case 8:
-      launch<8>(x, weight, bias, other, alpha, out, g, stream);
+      launch<8>(o, g, stream);
       break;
     case 16:
-      launch<16>(x, weight, bias, other, alpha, out, g, stream);
+      launch<16>(o, g, stream);
       break;
     default:
-      launch<32>(x, weight, bias, other, alpha, out, g, stream);
+      launch<32>(o, g, stream);
   }
 }
 

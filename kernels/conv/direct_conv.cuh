@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "kernels/conv/fused_operands.cuh"
+
 namespace torchfuse::kernels {
 
 // A 2-D convolution of one group: x [n][c][h][w] * weight [k][c][r][s]
@@ -27,18 +29,9 @@ struct DirectConv {
 // memory with the weights, and 32-bit element counts.
 bool directConvTakes(const DirectConv& g);
 
-// out = (t <= 0 ? 0 : t) + alpha * other[k] with t = conv + bias[k] (nchw),
-// relu(NaN) NaN; the convolution in float32, each output a fused
-// multiply-add chain over (c, r, s) in that order.  bias and other (k
-// values) may be null.
-void directConvReluAdd(
-    const float* x,
-    const float* weight,
-    const float* bias,
-    const float* other,
-    float alpha,
-    float* out,
-    const DirectConv& g,
-    cudaStream_t stream);
+// The fused convolution, out nchw; no mask (o.mask is not read).  The
+// convolution in float32, each output a fused multiply-add chain over
+// (c, r, s) in that order.
+void directConvReluAdd(const ConvReluAddOperands& o, const DirectConv& g, cudaStream_t stream);
 
 }  // namespace torchfuse::kernels

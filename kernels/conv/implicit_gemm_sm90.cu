@@ -638,25 +638,16 @@ int64_t implicitGemmConvWorkspaceWords(const ImplicitGemmConv& g) {
 
 namespace {
 
-// x nchw, converted by the kernel into x.
-struct NchwSource {
-  const float* x;
-  uint32_t* workspace;
-  int lookahead;
-};
-
+// source: x nchw, converted by the kernel into o.x (lookahead resolved), or
+// null.
 template <int kN, Epilogue kE>
 bool launch(
-    const float* x,
-    const float* weight,
-    const float* bias,
-    const float* other,
-    float alpha,
-    float* out,
-    uint32_t* mask,
+    const ConvReluAddOperands& o,
     const ImplicitGemmConv& g,
     cudaStream_t stream,
-    const NchwSource* source = nullptr) {
+    const ImplicitGemmNchwInput* source) {
+  const float *x = o.x, *weight = o.weight;
+  float* const out = o.out;
   const Tiling t = tiling(g, kE == Epilogue::kReluMask);
   CUtensorMap x_map, w_map, out_map;
   const cuuint64_t x_dims[4] = {cuuint64_t(g.c), cuuint64_t(g.w), cuuint64_t(g.h), cuuint64_t(g.n)};
@@ -692,62 +683,56 @@ bool launch(
   }
   const int blocks = int(std::min<int64_t>(tiles, std::max(sms, 1)));
   kernel<<<blocks, kThreads, t.smem, stream>>>(
-      x_map, w_map, out_map, bias, other, alpha, mask, source != nullptr ? source->x : nullptr,
-      const_cast<float*>(x), workspace, source != nullptr ? source->lookahead : 0, g, t);
+      x_map, w_map, out_map, o.bias, o.other, o.alpha, o.mask,
+      source != nullptr ? source->x : nullptr, const_cast<float*>(x), workspace,
+      source != nullptr ? source->lookahead : 0, g, t);
   return true;
+}
+
+// The tile width for g: the kernel's instances with epilogue kE.
+template <Epilogue kE>
+bool launchTiled(
+    const ConvReluAddOperands& o,
+    const ImplicitGemmConv& g,
+    cudaStream_t stream,
+    const ImplicitGemmNchwInput* source) {
+  return tileChannels(g) == 64 ? launch<64, kE>(o, g, stream, source)
+                               : launch<128, kE>(o, g, stream, source);
+}
+
+// The epilogue: with the mask where o.mask is not null.
+bool launchReluAdd(
+    const ConvReluAddOperands& o,
+    const ImplicitGemmConv& g,
+    cudaStream_t stream,
+    const ImplicitGemmNchwInput* source) {
+  return o.mask != nullptr ? launchTiled<Epilogue::kReluMask>(o, g, stream, source)
+                           : launchTiled<Epilogue::kRelu>(o, g, stream, source);
 }
 
 }  // namespace
 
 bool implicitGemmConvReluAdd(
-    const float* x,
-    const float* weight,
-    const float* bias,
-    const float* other,
-    float alpha,
-    float* out,
-    uint32_t* mask,
+    const ConvReluAddOperands& o,
     const ImplicitGemmConv& g,
     cudaStream_t stream) {
-  if (mask != nullptr) {
-    return tileChannels(g) == 64
-        ? launch<64, Epilogue::kReluMask>(x, weight, bias, other, alpha, out, mask, g, stream)
-        : launch<128, Epilogue::kReluMask>(x, weight, bias, other, alpha, out, mask, g, stream);
-  }
-  return tileChannels(g) == 64
-      ? launch<64, Epilogue::kRelu>(x, weight, bias, other, alpha, out, nullptr, g, stream)
-      : launch<128, Epilogue::kRelu>(x, weight, bias, other, alpha, out, nullptr, g, stream);
+  return launchReluAdd(o, g, stream, nullptr);
 }
 
 bool implicitGemmConvReluAddFromNchw(
-    const float* x_nchw,
-    float* x_nhwc,
-    uint32_t* workspace,
-    int lookahead,
-    const float* weight,
-    const float* bias,
-    const float* other,
-    float alpha,
-    float* out,
-    uint32_t* mask,
+    const ImplicitGemmNchwInput& nchw,
+    const ConvReluAddOperands& o,
     const ImplicitGemmConv& g,
     cudaStream_t stream) {
-  const NchwSource source{x_nchw, workspace, lookahead > 0 ? lookahead : kLookahead};
-  if (mask != nullptr) {
-    return tileChannels(g) == 64
-        ? launch<64, Epilogue::kReluMask>(x_nhwc, weight, bias, other, alpha, out, mask, g, stream, &source)
-        : launch<128, Epilogue::kReluMask>(x_nhwc, weight, bias, other, alpha, out, mask, g, stream, &source);
-  }
-  return tileChannels(g) == 64
-      ? launch<64, Epilogue::kRelu>(x_nhwc, weight, bias, other, alpha, out, nullptr, g, stream, &source)
-      : launch<128, Epilogue::kRelu>(x_nhwc, weight, bias, other, alpha, out, nullptr, g, stream, &source);
+  const ImplicitGemmNchwInput source{
+      nchw.x, nchw.workspace, nchw.lookahead > 0 ? nchw.lookahead : kLookahead};
+  return launchReluAdd(o, g, stream, &source);
 }
 
 bool implicitGemmConv(
     const float* x, const float* weight, float* out, const ImplicitGemmConv& g, cudaStream_t stream) {
-  return tileChannels(g) == 64
-      ? launch<64, Epilogue::kNone>(x, weight, nullptr, nullptr, 0.f, out, nullptr, g, stream)
-      : launch<128, Epilogue::kNone>(x, weight, nullptr, nullptr, 0.f, out, nullptr, g, stream);
+  const ConvReluAddOperands o{x, weight, nullptr, nullptr, 0.f, out, nullptr};
+  return launchTiled<Epilogue::kNone>(o, g, stream, nullptr);
 }
 
 }  // namespace torchfuse::kernels

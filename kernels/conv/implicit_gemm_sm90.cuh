@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "kernels/conv/fused_operands.cuh"
+
 namespace torchfuse::kernels {
 
 // A 2-D convolution, stride 1, dilation 1, one group:
@@ -25,44 +27,33 @@ struct ImplicitGemmConv {
 // (with_mask: with the mask's bitmap too).
 bool implicitGemmConvTakes(const ImplicitGemmConv& g, bool with_mask = false);
 
-// out = (t <= 0 ? 0 : t) + alpha * other[k] with t = conv + bias[k], nchw,
-// and, where mask is not null, the relu mask of t in nchw order: bit i % 32
-// of word i / 32 is !(t <= 0) for element i = (n * k + channel) * p * q +
-// position (the positions-inner order of conv_relu_add.cuh); the mask must
-// be zeroed before (a word shared by two tiles is ORed into), 4-byte aligned.
-// x and weight hold float32 values already rounded to TF32 (the MMAs
-// truncate the low mantissa bits); bias and other (k values) may be null.
+// The fused convolution, out nchw, and, where o.mask is not null, the relu
+// mask of t in nchw order: bit i % 32 of word i / 32 is !(t <= 0) for
+// element i = (n * k + channel) * p * q + position (the positions-inner
+// order of conv_relu_add.cuh); the mask must be zeroed before (a word shared
+// by two tiles is ORed into), 4-byte aligned.  x and weight hold float32
+// values already rounded to TF32 (the MMAs truncate the low mantissa bits).
 // x, weight and out 16-byte aligned.  Returns false, launching nothing,
 // when the driver refuses the tensor maps.
 bool implicitGemmConvReluAdd(
-    const float* x,
-    const float* weight,
-    const float* bias,
-    const float* other,
-    float alpha,
-    float* out,
-    uint32_t* mask,
+    const ConvReluAddOperands& o,
     const ImplicitGemmConv& g,
     cudaStream_t stream);
 
-// implicitGemmConvReluAdd with x given nchw [n][c][h][w] (16-byte
-// aligned): the producer warpgroup's idle warps of every CTA convert it into
-// x_nhwc, rounded to TF32, image by image ahead of the convolution, so the
-// conversion costs no pass of its own.
-// They run at most `lookahead` images ahead of the convolution (0: the
-// kernel's own choice).  workspace: implicitGemmConvWorkspaceWords(g)
-// words, zeroed here.  Needs implicitGemmConvConvertsNchw(g).
+// x given nchw [n][c][h][w] (16-byte aligned) to implicitGemmConvReluAddFromNchw.
+struct ImplicitGemmNchwInput {
+  const float* x;
+  uint32_t* workspace; // implicitGemmConvWorkspaceWords(g) words, zeroed by the call
+  int lookahead;       // images the conversion runs ahead at most; 0: the kernel's own choice
+};
+
+// implicitGemmConvReluAdd with x given nchw: the producer warpgroup's idle
+// warps of every CTA convert nchw.x into o.x (nhwc), rounded to TF32, image
+// by image ahead of the convolution, so the conversion costs no pass of its
+// own.  Needs implicitGemmConvConvertsNchw(g).
 bool implicitGemmConvReluAddFromNchw(
-    const float* x_nchw,
-    float* x_nhwc,
-    uint32_t* workspace,
-    int lookahead,
-    const float* weight,
-    const float* bias,
-    const float* other,
-    float alpha,
-    float* out,
-    uint32_t* mask,
+    const ImplicitGemmNchwInput& nchw,
+    const ConvReluAddOperands& o,
     const ImplicitGemmConv& g,
     cudaStream_t stream);
 

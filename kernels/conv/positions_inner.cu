@@ -160,45 +160,24 @@ __global__ void __launch_bounds__(kThreads) epiloguePositionsInnerKernel(
 }
 
 template <typename T, int kUnit, typename Index>
-void launchEpiloguePositionsInner(
-    const T* conv,
-    const T* bias,
-    const T* other,
-    float alpha,
-    T* out,
-    uint32_t* mask,
-    int64_t total,
-    int64_t c,
-    int64_t s,
-    cudaStream_t stream) {
+void launchEpiloguePositionsInner(const ConvEpilogueArgs<T>& a, cudaStream_t stream) {
   constexpr int kUnroll = kUnit == 1 ? 8 : 4;
   constexpr int64_t kPerBlock = int64_t(kThreads) * kUnroll * kUnit;
+  const int64_t total = a.n * a.c * a.s;
   const auto blocks = static_cast<unsigned>((total + kPerBlock - 1) / kPerBlock);
   epiloguePositionsInnerKernel<T, kUnit, kUnroll, Index><<<blocks, kThreads, 0, stream>>>(
-      conv, bias, other, alpha, out, mask, Index(total), Index(c), Index(s), Divider<Index>(c),
-      Divider<Index>(s));
+      a.conv, a.bias, a.other, a.alpha, a.out, a.mask, Index(total), Index(a.c), Index(a.s),
+      Divider<Index>(a.c), Divider<Index>(a.s));
 }
 
 template <typename T, int kUnit>
-void launchEpiloguePositionsInner(
-    const T* conv,
-    const T* bias,
-    const T* other,
-    float alpha,
-    T* out,
-    uint32_t* mask,
-    int64_t total,
-    int64_t c,
-    int64_t s,
-    cudaStream_t stream) {
+void launchEpiloguePositionsInner(const ConvEpilogueArgs<T>& a, cudaStream_t stream) {
   // NB: 32-bit indices while every index a thread forms (< total + one
   // block's elements) fits.
-  if (total <= (int64_t(1) << 31)) {
-    launchEpiloguePositionsInner<T, kUnit, uint32_t>(
-        conv, bias, other, alpha, out, mask, total, c, s, stream);
+  if (a.n * a.c * a.s <= (int64_t(1) << 31)) {
+    launchEpiloguePositionsInner<T, kUnit, uint32_t>(a, stream);
   } else {
-    launchEpiloguePositionsInner<T, kUnit, uint64_t>(
-        conv, bias, other, alpha, out, mask, total, c, s, stream);
+    launchEpiloguePositionsInner<T, kUnit, uint64_t>(a, stream);
   }
 }
 
@@ -313,27 +292,15 @@ __global__ void __launch_bounds__(kThreads, 4)
 } // namespace
 
 template <typename T>
-void convReluAddEpiloguePositionsInner(
-    const T* conv,
-    const T* bias,
-    const T* other,
-    float alpha,
-    T* out,
-    uint32_t* mask,
-    int64_t n,
-    int64_t c,
-    int64_t s,
-    cudaStream_t stream) {
-  if (n == 0 || c == 0 || s == 0) {
+void convReluAddEpiloguePositionsInner(const ConvEpilogueArgs<T>& a, cudaStream_t stream) {
+  if (a.n == 0 || a.c == 0 || a.s == 0) {
     return;
   }
   constexpr int kVec = 16 / sizeof(T);
-  if (aligned16(conv) && aligned16(out)) {
-    launchEpiloguePositionsInner<T, kVec>(
-        conv, bias, other, alpha, out, mask, n * c * s, c, s, stream);
+  if (aligned16(a.conv) && aligned16(a.out)) {
+    launchEpiloguePositionsInner<T, kVec>(a, stream);
   } else {
-    launchEpiloguePositionsInner<T, 1>(
-        conv, bias, other, alpha, out, mask, n * c * s, c, s, stream);
+    launchEpiloguePositionsInner<T, 1>(a, stream);
   }
 }
 
@@ -341,39 +308,33 @@ int64_t convReluAddGradPartsPositionsInner(int64_t n, int64_t c, int64_t s) {
   return n == 0 || c == 0 || s == 0 ? 0 : n * gradPlanPositionsInner(n, c, s).chunks;
 }
 
+template <typename T, int kUnit, int kUnroll>
+void launchGradProloguePositionsInner(const ConvGradArgs<T>& a, cudaStream_t stream) {
+  const auto plan = gradPlanPositionsInner(a.n, a.c, a.s);
+  // NB: one image per grid y index: the partial-sum rows are indexed by it.
+  const dim3 blocks(
+      static_cast<unsigned>(plan.row_groups * plan.chunks), static_cast<unsigned>(a.n));
+  gradProloguePositionsInnerKernel<T, kUnit, kUnroll><<<blocks, kThreads, 0, stream>>>(
+      a.dy, a.mask, a.g, a.sum_g, a.sum_dy, a.c, a.s, plan.member_log2, plan.chunks,
+      plan.chunk_len);
+}
+
 template <typename T>
-void convReluAddGradProloguePositionsInner(
-    const T* dy,
-    const uint32_t* mask,
-    T* g,
-    double* sum_g,
-    double* sum_dy,
-    int64_t n,
-    int64_t c,
-    int64_t s,
-    cudaStream_t stream) {
-  if (n == 0 || c == 0 || s == 0) {
+void convReluAddGradProloguePositionsInner(const ConvGradArgs<T>& a, cudaStream_t stream) {
+  if (a.n == 0 || a.c == 0 || a.s == 0) {
     return;
   }
-  const auto plan = gradPlanPositionsInner(n, c, s);
-  // NB: one image per grid y index: the partial-sum rows are indexed by it.
-  const dim3 blocks(static_cast<unsigned>(plan.row_groups * plan.chunks), static_cast<unsigned>(n));
   constexpr int kVec = 16 / sizeof(T);
-  if (aligned16(dy) && aligned16(g) && s % kVec == 0) {
-    gradProloguePositionsInnerKernel<T, kVec, 4><<<blocks, kThreads, 0, stream>>>(
-        dy, mask, g, sum_g, sum_dy, c, s, plan.member_log2, plan.chunks, plan.chunk_len);
+  if (aligned16(a.dy) && aligned16(a.g) && a.s % kVec == 0) {
+    launchGradProloguePositionsInner<T, kVec, 4>(a, stream);
   } else {
-    gradProloguePositionsInnerKernel<T, 1, 8><<<blocks, kThreads, 0, stream>>>(
-        dy, mask, g, sum_g, sum_dy, c, s, plan.member_log2, plan.chunks, plan.chunk_len);
+    launchGradProloguePositionsInner<T, 1, 8>(a, stream);
   }
 }
 
-#define TORCHFUSE_INSTANTIATE(T)                                                     \
-  template void convReluAddEpiloguePositionsInner<T>(                                \
-      const T*, const T*, const T*, float, T*, uint32_t*, int64_t, int64_t, int64_t, \
-      cudaStream_t);                                                                 \
-  template void convReluAddGradProloguePositionsInner<T>(                            \
-      const T*, const uint32_t*, T*, double*, double*, int64_t, int64_t, int64_t, cudaStream_t);
+#define TORCHFUSE_INSTANTIATE(T)                                                                \
+  template void convReluAddEpiloguePositionsInner<T>(const ConvEpilogueArgs<T>&, cudaStream_t); \
+  template void convReluAddGradProloguePositionsInner<T>(const ConvGradArgs<T>&, cudaStream_t);
 TORCHFUSE_FOR_EACH_FLOAT_TYPE(TORCHFUSE_INSTANTIATE)
 #undef TORCHFUSE_INSTANTIATE
 

@@ -217,14 +217,8 @@ __global__ void __launch_bounds__(kThreads) transposeVecKernel(
 
 // Returns the blocks of columns (the row sums' column_blocks).
 template <typename T, typename F>
-int64_t launchTranspose(
-    const T* src,
-    T* dst,
-    int64_t batch,
-    int64_t rows,
-    int64_t cols,
-    F f,
-    cudaStream_t stream) {
+int64_t launchTranspose(const TransposeArgs<T>& a, F f, cudaStream_t stream) {
+  const auto [src, dst, batch, rows, cols] = a;
   if (batch == 0 || rows == 0 || cols == 0) {
     return 0;
   }
@@ -243,24 +237,12 @@ int64_t launchTranspose(
 } // namespace
 
 template <typename T>
-void transposeBatched(
-    const T* src,
-    T* dst,
-    int64_t batch,
-    int64_t rows,
-    int64_t cols,
-    cudaStream_t stream) {
-  launchTranspose(src, dst, batch, rows, cols, Identity{}, stream);
+void transposeBatched(const TransposeArgs<T>& a, cudaStream_t stream) {
+  launchTranspose(a, Identity{}, stream);
 }
 
-void transposeBatchedTf32(
-    const float* src,
-    float* dst,
-    int64_t batch,
-    int64_t rows,
-    int64_t cols,
-    cudaStream_t stream) {
-  launchTranspose(src, dst, batch, rows, cols, RoundTf32{}, stream);
+void transposeBatchedTf32(const TransposeArgs<float>& a, cudaStream_t stream) {
+  launchTranspose(a, RoundTf32{}, stream);
 }
 
 int64_t convReluAddGradNchwToNhwcParts(int64_t n, int64_t c, int64_t s) {
@@ -268,43 +250,23 @@ int64_t convReluAddGradNchwToNhwcParts(int64_t n, int64_t c, int64_t s) {
 }
 
 template <typename T>
-int64_t convReluAddGradNchwToNhwc(
-    const T* dy,
-    const uint32_t* mask,
-    T* g,
-    bool tf32,
-    double* sum_g,
-    double* sum_dy,
-    int64_t n,
-    int64_t c,
-    int64_t s,
-    cudaStream_t stream) {
+int64_t convReluAddGradNchwToNhwc(const ConvGradArgs<T>& a, bool tf32, cudaStream_t stream) {
   // per image, the nchw [C][S] gradient into nhwc [S][C], masked
-  return n * launchTranspose(dy, g, n, c, s, MaskedGrad{mask, sum_g, sum_dy, c, s, tf32}, stream);
+  const MaskedGrad f{a.mask, a.sum_g, a.sum_dy, a.c, a.s, tf32};
+  return a.n * launchTranspose(TransposeArgs<T>{a.dy, a.g, a.n, a.c, a.s}, f, stream);
 }
 
 template <typename T>
-void convReluAddEpilogueNhwcToNchw(
-    const T* conv,
-    const T* bias,
-    const T* other,
-    float alpha,
-    T* out,
-    int64_t n,
-    int64_t c,
-    int64_t s,
-    cudaStream_t stream) {
+void convReluAddEpilogueNhwcToNchw(const ConvEpilogueArgs<T>& a, cudaStream_t stream) {
   // per image, the nhwc [S][C] conv output into the nchw [C][S] output
-  launchTranspose(conv, out, n, s, c, BiasReluAdd<T>{bias, other, alpha}, stream);
+  const TransposeArgs<T> t{a.conv, a.out, a.n, a.s, a.c};
+  launchTranspose(t, BiasReluAdd<T>{a.bias, a.other, a.alpha}, stream);
 }
 
-#define TORCHFUSE_INSTANTIATE(T)                                                            \
-  template void transposeBatched<T>(const T*, T*, int64_t, int64_t, int64_t, cudaStream_t); \
-  template int64_t convReluAddGradNchwToNhwc<T>(                                            \
-      const T*, const uint32_t*, T*, bool, double*, double*, int64_t, int64_t, int64_t,     \
-      cudaStream_t);                                                                        \
-  template void convReluAddEpilogueNhwcToNchw<T>(                                           \
-      const T*, const T*, const T*, float, T*, int64_t, int64_t, int64_t, cudaStream_t);
+#define TORCHFUSE_INSTANTIATE(T)                                                             \
+  template void transposeBatched<T>(const TransposeArgs<T>&, cudaStream_t);                  \
+  template int64_t convReluAddGradNchwToNhwc<T>(const ConvGradArgs<T>&, bool, cudaStream_t); \
+  template void convReluAddEpilogueNhwcToNchw<T>(const ConvEpilogueArgs<T>&, cudaStream_t);
 TORCHFUSE_FOR_EACH_FLOAT_TYPE(TORCHFUSE_INSTANTIATE)
 #undef TORCHFUSE_INSTANTIATE
 

@@ -219,7 +219,8 @@ void reluForward(const T* x, T* y, uint32_t* mask, int64_t n, cudaStream_t strea
 }
 
 template <typename T>
-void reluBackward(const T* dy, const uint32_t* mask, T* dx, int64_t n, cudaStream_t stream) {
+void reluBackward(const ReluGradArgs<T>& a, cudaStream_t stream) {
+  const auto [dy, mask, dx, n] = a;
   if (n == 0) {
     return;
   }
@@ -246,27 +247,20 @@ void reluMaskStrided(
 }
 
 template <typename T>
-void reluBackwardStrided(
-    const T* dy,
-    const uint32_t* mask,
-    T* dx,
-    const ReluStrides& s,
-    int64_t n,
-    cudaStream_t stream) {
-  if (n == 0) {
+void reluBackwardStrided(const ReluGradArgs<T>& a, const ReluStrides& s, cudaStream_t stream) {
+  if (a.n == 0) {
     return;
   }
-  const int64_t blocks = (n + kThreads - 1) / kThreads;
-  reluBackwardStridedKernel<T><<<blocks, kThreads, 0, stream>>>(dy, mask, dx, s, n);
+  const int64_t blocks = (a.n + kThreads - 1) / kThreads;
+  reluBackwardStridedKernel<T><<<blocks, kThreads, 0, stream>>>(a.dy, a.mask, a.dx, s, a.n);
 }
 
-#define TORCHFUSE_INSTANTIATE_RELU(T)                                                        \
-  template void reluForward<T>(const T*, T*, uint32_t*, int64_t, cudaStream_t);              \
-  template void reluBackward<T>(const T*, const uint32_t*, T*, int64_t, cudaStream_t);       \
-  template void reluMaskStrided<T>(const T*, const ReluStrides&, uint32_t*, int64_t,         \
-                                   cudaStream_t);                                            \
-  template void reluBackwardStrided<T>(const T*, const uint32_t*, T*, const ReluStrides&,    \
-                                       int64_t, cudaStream_t);
+#define TORCHFUSE_INSTANTIATE_RELU(T)                                           \
+  template void reluForward<T>(const T*, T*, uint32_t*, int64_t, cudaStream_t); \
+  template void reluBackward<T>(const ReluGradArgs<T>&, cudaStream_t);          \
+  template void reluMaskStrided<T>(                                             \
+      const T*, const ReluStrides&, uint32_t*, int64_t, cudaStream_t);          \
+  template void reluBackwardStrided<T>(const ReluGradArgs<T>&, const ReluStrides&, cudaStream_t);
 TORCHFUSE_INSTANTIATE_RELU(float)
 TORCHFUSE_INSTANTIATE_RELU(double)
 TORCHFUSE_INSTANTIATE_RELU(__half)

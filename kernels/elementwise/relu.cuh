@@ -21,14 +21,18 @@ void reluForward(
     int64_t n,
     cudaStream_t stream);
 
-// dx[i] = mask bit i ? dy[i] : 0.
+// The backward's operands: dx[i] = mask bit i ? dy[i] : 0 for n elements.
 template <typename T>
-void reluBackward(
-    const T* dy,
-    const uint32_t* mask,
-    T* dx,
-    int64_t n,
-    cudaStream_t stream);
+struct ReluGradArgs {
+  const T* dy;
+  const uint32_t* mask;
+  T* dx;
+  int64_t n;
+};
+
+// The backward over dy and dx in memory order.
+template <typename T>
+void reluBackward(const ReluGradArgs<T>& a, cudaStream_t stream);
 
 // Up to kReluMaxDims dims (after ops/cuda/ merges contiguous ones) of a
 // tensor read in logical row-major order: sizes, and the element strides of
@@ -52,15 +56,9 @@ void reluMaskStrided(
     int64_t n,
     cudaStream_t stream);
 
-// dx[i] = mask bit i ? dy[i] : 0 with i the logical index, dy of strides s.a
-// and dx of strides s.b.
+// The backward with i the logical index, dy of strides s.a and dx of
+// strides s.b.
 template <typename T>
-void reluBackwardStrided(
-    const T* dy,
-    const uint32_t* mask,
-    T* dx,
-    const ReluStrides& s,
-    int64_t n,
-    cudaStream_t stream);
+void reluBackwardStrided(const ReluGradArgs<T>& a, const ReluStrides& s, cudaStream_t stream);
 
 } // namespace torchfuse::kernels

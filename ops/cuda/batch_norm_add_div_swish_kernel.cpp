@@ -196,17 +196,21 @@ at::Tensor forwardCuda(
   auto ws = workspace(input, plan.shape, sms);
   const auto stream = at::cuda::getCurrentCUDAStream();
   TORCHFUSE_DISPATCH_KERNEL_TYPES(input.scalar_type(), "custom_batch_norm_add_div_swish", [&] {
+    const k::BnForward<CudaType<scalar_t>::type> f{cudaPtr<scalar_t>(input),
+                                                   cudaPtr<scalar_t>(out),
+                                                   plan.shape,
+                                                   plan.affine,
+                                                   ws.data_ptr(),
+                                                   sms};
     if (a.training) {
       k::batchNormSwishTrainForward(
-          cudaPtr<scalar_t>(input), cudaPtr<scalar_t>(out), plan.shape, plan.affine,
-          mutRef(a.running_mean), mutRef(a.running_var), a.momentum, a.eps,
-          save_mean.defined() ? save_mean.data_ptr<float>() : nullptr,
-          save_invstd.defined() ? save_invstd.data_ptr<float>() : nullptr, ws.data_ptr(), sms,
+          f,
+          {mutRef(a.running_mean), mutRef(a.running_var), a.momentum, a.eps,
+           save_mean.defined() ? save_mean.data_ptr<float>() : nullptr,
+           save_invstd.defined() ? save_invstd.data_ptr<float>() : nullptr},
           stream);
     } else {
-      k::batchNormSwishEvalForward(
-          cudaPtr<scalar_t>(input), cudaPtr<scalar_t>(out), plan.shape, plan.affine,
-          plan.running_mean, plan.running_var, a.eps, ws.data_ptr(), sms, stream);
+      k::batchNormSwishEvalForward(f, {plan.running_mean, plan.running_var, a.eps}, stream);
     }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -301,10 +305,11 @@ BatchNormAddDivSwishGrads batchNormAddDivSwishBackwardCuda(
   const auto stream = at::cuda::getCurrentCUDAStream();
   TORCHFUSE_DISPATCH_KERNEL_TYPES(
       input.scalar_type(), "custom_batch_norm_add_div_swish_backward", [&] {
-        k::batchNormSwishBackward(
-            cudaPtr<scalar_t>(g), cudaPtr<scalar_t>(input), *shape, affine, *mu, *is, a.training,
-            a.silu, grad_input.defined() ? cudaPtr<scalar_t>(grad_input) : nullptr, grads,
-            ws.data_ptr(), sms, stream);
+        k::batchNormSwishBackward<CudaType<scalar_t>::type>(
+            {cudaPtr<scalar_t>(g), cudaPtr<scalar_t>(input), *shape, affine, *mu, *is, a.training,
+             a.silu, grad_input.defined() ? cudaPtr<scalar_t>(grad_input) : nullptr, grads,
+             ws.data_ptr(), sms},
+            stream);
       });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {grad_input, grad_weight, grad_bias, grad_other};

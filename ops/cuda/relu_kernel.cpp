@@ -112,11 +112,13 @@ at::Tensor reluBackwardCuda(
   const auto bits = aligned ? mask : mask.clone(at::MemoryFormat::Contiguous);
   const auto* words = reinterpret_cast<const uint32_t*>(bits.const_data_ptr<uint8_t>());
   if (grad_output.is_contiguous() && grad_input.is_contiguous()) {
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad_output.scalar_type(), "custom_relu_backward", [&] {
-      kernels::reluBackward(
-          cudaPtr<scalar_t>(grad_output), words, cudaPtr<scalar_t>(grad_input),
-          grad_output.numel(), stream);
-    });
+    AT_DISPATCH_FLOATING_TYPES_AND2(
+        at::kHalf, at::kBFloat16, grad_output.scalar_type(), "custom_relu_backward", [&] {
+          kernels::reluBackward<CudaType<scalar_t>::type>(
+              {cudaPtr<scalar_t>(grad_output), words, cudaPtr<scalar_t>(grad_input),
+               grad_output.numel()},
+              stream);
+        });
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return grad_input;
   }
@@ -124,11 +126,13 @@ at::Tensor reluBackwardCuda(
   if (!s) {
     return applyReluMask(grad_output, mask, grad_input);
   }
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad_output.scalar_type(), "custom_relu_backward", [&] {
-    kernels::reluBackwardStrided(
-        cudaPtr<scalar_t>(grad_output), words, cudaPtr<scalar_t>(grad_input), *s,
-        grad_output.numel(), stream);
-  });
+  AT_DISPATCH_FLOATING_TYPES_AND2(
+      at::kHalf, at::kBFloat16, grad_output.scalar_type(), "custom_relu_backward", [&] {
+        kernels::reluBackwardStrided<CudaType<scalar_t>::type>(
+            {cudaPtr<scalar_t>(grad_output), words, cudaPtr<scalar_t>(grad_input),
+             grad_output.numel()},
+            *s, stream);
+      });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return grad_input;
 }

@@ -34,9 +34,10 @@ ConvReluAddGrads backwardChannelsLast(
       output_mask);
   int64_t parts = 0;
   TORCHFUSE_DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add_backward", [&] {
-    parts = kernels::convReluAddGradNchwToNhwc(
-        cudaPtr<scalar_t>(src), mask, cudaPtr<scalar_t>(g), /*tf32=*/dgrad.has_value(), sums.gPtr(),
-        sums.dyPtr(), images, channels, positions, stream);
+    parts = kernels::convReluAddGradNchwToNhwc<CudaType<scalar_t>::type>(
+        {cudaPtr<scalar_t>(src), mask, cudaPtr<scalar_t>(g), sums.gPtr(), sums.dyPtr(), images,
+         channels, positions},
+        /*tf32=*/dgrad.has_value(), stream);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   at::Tensor grad_input, grad_weight;
@@ -44,7 +45,7 @@ ConvReluAddGrads backwardChannelsLast(
     const auto flipped = weight.flip({2, 3});
     auto w = at::empty({dgrad->k, dgrad->r, dgrad->s, dgrad->c}, weight.options());
     kernels::transposeBatchedTf32(
-        cudaPtr<float>(flipped), cudaPtr<float>(w), 1, dgrad->c, dgrad->k * dgrad->r * dgrad->s,
+        {cudaPtr<float>(flipped), cudaPtr<float>(w), 1, dgrad->c, dgrad->k * dgrad->r * dgrad->s},
         stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     grad_input = at::empty(input.sizes(), input.options());
@@ -59,9 +60,10 @@ ConvReluAddGrads backwardChannelsLast(
   if (cudnn_dgrad || output_mask[1]) {
     auto x = at::empty_like(input, at::MemoryFormat::ChannelsLast);
     TORCHFUSE_DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add_backward", [&] {
-      kernels::transposeBatched(
-          cudaPtr<scalar_t>(input), cudaPtr<scalar_t>(x), input.size(0), input.size(1),
-          input.size(2) * input.size(3), stream);
+      kernels::transposeBatched<CudaType<scalar_t>::type>(
+          {cudaPtr<scalar_t>(input), cudaPtr<scalar_t>(x), input.size(0), input.size(1),
+           input.size(2) * input.size(3)},
+          stream);
     });
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     at::Tensor grad_x;
@@ -73,9 +75,10 @@ ConvReluAddGrads backwardChannelsLast(
       grad_x = grad_x.contiguous(at::MemoryFormat::ChannelsLast); // cuDNN's is already
       grad_input = at::empty(input.sizes(), input.options());
       TORCHFUSE_DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add_backward", [&] {
-        kernels::transposeBatched(
-            cudaPtr<scalar_t>(grad_x), cudaPtr<scalar_t>(grad_input), input.size(0),
-            input.size(2) * input.size(3), input.size(1), stream);
+        kernels::transposeBatched<CudaType<scalar_t>::type>(
+            {cudaPtr<scalar_t>(grad_x), cudaPtr<scalar_t>(grad_input), input.size(0),
+             input.size(2) * input.size(3), input.size(1)},
+            stream);
       });
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     }

@@ -27,9 +27,10 @@ at::Tensor forwardChannelsLastCudnn(
   const EpilogueOperands operands(bias, other, p.sizes, 1, dtype);
   auto x = at::empty_like(input, at::MemoryFormat::ChannelsLast);
   TORCHFUSE_DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add", [&] {
-    kernels::transposeBatched(
-        cudaPtr<scalar_t>(input), cudaPtr<scalar_t>(x), images, in_channels,
-        input.numel() / std::max<int64_t>(1, images * in_channels), stream);
+    kernels::transposeBatched<CudaType<scalar_t>::type>(
+        {cudaPtr<scalar_t>(input), cudaPtr<scalar_t>(x), images, in_channels,
+         input.numel() / std::max<int64_t>(1, images * in_channels)},
+        stream);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   auto conv = convolve(
@@ -42,9 +43,11 @@ at::Tensor forwardChannelsLastCudnn(
   const auto e = convExtents(p.sizes, /*batched=*/true);
   auto out = at::empty(p.sizes, input.options());
   TORCHFUSE_DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add", [&] {
-    kernels::convReluAddEpilogueNhwcToNchw(
-        cudaPtr<scalar_t>(conv), operands.biasPtr<scalar_t>(), operands.otherPtr<scalar_t>(),
-        alpha.toFloat(), cudaPtr<scalar_t>(out), e.images, e.channels, e.positions, stream);
+    kernels::convReluAddEpilogueNhwcToNchw<CudaType<scalar_t>::type>(
+        {cudaPtr<scalar_t>(conv), operands.biasPtr<scalar_t>(), operands.otherPtr<scalar_t>(),
+         alpha.toFloat(), cudaPtr<scalar_t>(out), /*mask=*/nullptr, e.images, e.channels,
+         e.positions},
+        stream);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return operands.addUnfused(out, other, alpha);

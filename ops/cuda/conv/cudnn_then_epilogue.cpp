@@ -61,16 +61,20 @@ std::tuple<at::Tensor, at::Tensor> forwardCudnnThenEpilogue(
   uint32_t* mask_ptr = with_mask ? reinterpret_cast<uint32_t*>(mask.data_ptr<uint8_t>()) : nullptr;
   const auto stream = at::cuda::getCurrentCUDAStream();
   TORCHFUSE_DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add", [&] {
-    const auto* bias_ptr = operands.biasPtr<scalar_t>();
-    const auto* other_ptr = operands.otherPtr<scalar_t>();
+    const auto args = kernels::ConvEpilogueArgs<CudaType<scalar_t>::type>{
+        cudaPtr<scalar_t>(out),
+        operands.biasPtr<scalar_t>(),
+        operands.otherPtr<scalar_t>(),
+        alpha.toFloat(),
+        cudaPtr<scalar_t>(out),
+        mask_ptr,
+        e.images,
+        e.channels,
+        e.positions};
     if (streaming) {
-      kernels::convReluAddEpiloguePositionsInner(
-          cudaPtr<scalar_t>(out), bias_ptr, other_ptr, alpha.toFloat(), cudaPtr<scalar_t>(out),
-          mask_ptr, e.images, e.channels, e.positions, stream);
+      kernels::convReluAddEpiloguePositionsInner(args, stream);
     } else {
-      kernels::convReluAddEpilogueChannelsInner(
-          cudaPtr<scalar_t>(out), bias_ptr, other_ptr, alpha.toFloat(), cudaPtr<scalar_t>(out),
-          /*nchw=*/!isChannelsLast(out), mask_ptr, e.images, e.channels, e.positions, stream);
+      kernels::convReluAddEpilogueChannelsInner(args, /*nchw=*/!isChannelsLast(out), stream);
     }
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -19,9 +19,9 @@ at::Tensor forwardDirect(
   const EpilogueOperands operands(bias, other, p.sizes, 1, at::kFloat);
   auto out = at::empty(p.sizes, p.input.options());
   kernels::directConvReluAdd(
-      cudaPtr<float>(p.input), cudaPtr<float>(p.weight), operands.biasPtr<float>(),
-      operands.otherPtr<float>(), alpha.toFloat(), cudaPtr<float>(out), g,
-      at::cuda::getCurrentCUDAStream());
+      {cudaPtr<float>(p.input), cudaPtr<float>(p.weight), operands.biasPtr<float>(),
+       operands.otherPtr<float>(), alpha.toFloat(), cudaPtr<float>(out), /*mask=*/nullptr},
+      g, at::cuda::getCurrentCUDAStream());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return operands.addUnfused(out, other, alpha);
 }

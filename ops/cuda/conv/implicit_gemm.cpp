@@ -35,7 +35,7 @@ std::tuple<at::Tensor, at::Tensor> forwardImplicitGemm(
   auto x = at::empty_like(input, at::MemoryFormat::ChannelsLast);
   auto w = at::empty({g.k, g.r, g.s, g.c}, p.weight.options());
   kernels::transposeBatchedTf32(
-      cudaPtr<float>(p.weight), cudaPtr<float>(w), g.k, g.c, g.r * g.s, stream);
+      {cudaPtr<float>(p.weight), cudaPtr<float>(w), g.k, g.c, g.r * g.s}, stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   auto out = at::empty(p.sizes, input.options());
   bool launched = false;
@@ -43,17 +43,19 @@ std::tuple<at::Tensor, at::Tensor> forwardImplicitGemm(
     auto workspace =
         at::empty({kernels::implicitGemmConvWorkspaceWords(g)}, input.options().dtype(at::kInt));
     launched = kernels::implicitGemmConvReluAddFromNchw(
-        cudaPtr<float>(input), cudaPtr<float>(x),
-        reinterpret_cast<uint32_t*>(workspace.data_ptr<int32_t>()), x_conversion, cudaPtr<float>(w),
-        operands.biasPtr<float>(), operands.otherPtr<float>(), alpha.toFloat(), cudaPtr<float>(out),
-        mask_ptr, g, stream);
+        {cudaPtr<float>(input), reinterpret_cast<uint32_t*>(workspace.data_ptr<int32_t>()),
+         x_conversion},
+        {cudaPtr<float>(x), cudaPtr<float>(w), operands.biasPtr<float>(),
+         operands.otherPtr<float>(), alpha.toFloat(), cudaPtr<float>(out), mask_ptr},
+        g, stream);
   } else {
     kernels::transposeBatchedTf32(
-        cudaPtr<float>(input), cudaPtr<float>(x), g.n, g.c, g.h * g.w, stream);
+        {cudaPtr<float>(input), cudaPtr<float>(x), g.n, g.c, g.h * g.w}, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     launched = kernels::implicitGemmConvReluAdd(
-        cudaPtr<float>(x), cudaPtr<float>(w), operands.biasPtr<float>(), operands.otherPtr<float>(),
-        alpha.toFloat(), cudaPtr<float>(out), mask_ptr, g, stream);
+        {cudaPtr<float>(x), cudaPtr<float>(w), operands.biasPtr<float>(),
+         operands.otherPtr<float>(), alpha.toFloat(), cudaPtr<float>(out), mask_ptr},
+        g, stream);
   }
   TORCH_CHECK(
       launched,

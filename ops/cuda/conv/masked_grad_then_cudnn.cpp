@@ -35,9 +35,10 @@ ConvReluAddGrads backwardMaskedGradThenCudnn(
     parts = kernels::convReluAddGradPartsPositionsInner(e.images, e.channels, e.positions);
     sums.emplace(parts, e.channels, dy, output_mask);
     TORCHFUSE_DISPATCH_KERNEL_TYPES(dy.scalar_type(), "custom_conv_relu_add_backward", [&] {
-      kernels::convReluAddGradProloguePositionsInner(
-          cudaPtr<scalar_t>(dy), mask, cudaPtr<scalar_t>(g), sums->gPtr(), sums->dyPtr(), e.images,
-          e.channels, e.positions, stream);
+      kernels::convReluAddGradProloguePositionsInner<CudaType<scalar_t>::type>(
+          {cudaPtr<scalar_t>(dy), mask, cudaPtr<scalar_t>(g), sums->gPtr(), sums->dyPtr(), e.images,
+           e.channels, e.positions},
+          stream);
     });
   } else {
     const auto format = convOutputMemoryFormat(input, weight); // channels-last
@@ -48,9 +49,10 @@ ConvReluAddGrads backwardMaskedGradThenCudnn(
     parts = kernels::convReluAddGradPartsChannelsInner(e.images, e.channels, e.positions);
     sums.emplace(parts, e.channels, dy, output_mask);
     TORCHFUSE_DISPATCH_KERNEL_TYPES(dy.scalar_type(), "custom_conv_relu_add_backward", [&] {
-      kernels::convReluAddGradPrologueChannelsInner(
-          cudaPtr<scalar_t>(dy), /*dy_nchw=*/!isChannelsLast(dy), mask, cudaPtr<scalar_t>(g),
-          /*g_nchw=*/false, sums->gPtr(), sums->dyPtr(), e.images, e.channels, e.positions, stream);
+      kernels::convReluAddGradPrologueChannelsInner<CudaType<scalar_t>::type>(
+          {cudaPtr<scalar_t>(dy), mask, cudaPtr<scalar_t>(g), sums->gPtr(), sums->dyPtr(), e.images,
+           e.channels, e.positions},
+          /*dy_nchw=*/!isChannelsLast(dy), /*g_nchw=*/false, stream);
     });
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
