@@ -113,15 +113,23 @@ if has_stage test; then
     if ( export TORCHFUSE_BUILD_DIR="$root/$BUILD_DIR"; source ./env.sh
          python -c 'import xdist' 2>/dev/null || { [ -d .deps/wheels ] &&
            python -m pip install --quiet --no-index --find-links .deps/wheels pytest-xdist execnet; } ) >> "$log" 2>&1; then
-      workers="-n ${PYTEST_WORKERS:-8}"
+      # NB: pytest-benchmark, where installed, warns under xdist, and the
+      # suite turns warnings into errors
+      workers="-n ${PYTEST_WORKERS:-8} -p no:benchmark -v"
     else
       say "   pytest-xdist unavailable: the Python tests run in one process"
     fi
+    # NB: each worker's torch would start a thread per core (the float64
+    # references run on the CPU): the cores are shared out instead.  -v
+    # (with workers) logs each result as it comes, so a stage cut short by
+    # its limit still names what failed.
+    threads=$(( $(nproc) / ${PYTEST_WORKERS:-8} ))
+    OMP_NUM_THREADS=$(( threads > 0 ? threads : 1 )) \
     PYTEST_ARGS="${PYTEST_ARGS:--q -rs --durations=10} $workers" timeout -k 10 "$t" tools/run_tests.sh "$BUILD_DIR" > "$tlog" 2>&1
     rc=$?
     cat "$tlog" >> "$log"
     # the counts from ctest and pytest, and what failed
-    grep -E "tests passed|tests failed|(passed|failed|error)[^a-z]*( in |,)|^FAILED|^ERROR|NOT RUN" "$tlog" | tail -25
+    grep -E "tests passed|tests failed|(passed|failed|error)[^a-z]*( in |,)|^FAILED|^ERROR| FAILED | ERROR |NOT RUN" "$tlog" | tail -40
     rm -f "$tlog"
     if [ $rc -ne 0 ]; then
       status=1
