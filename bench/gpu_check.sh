@@ -115,12 +115,12 @@ if has_stage test; then
            python -m pip install --quiet --no-index --find-links .deps/wheels pytest-xdist execnet; } ) >> "$log" 2>&1; then
       # NB: pytest-benchmark, where installed, warns under xdist, and the
       # suite turns warnings into errors
-      workers="-n ${PYTEST_WORKERS:-8} -p no:benchmark -v"
+      workers="-n ${PYTEST_WORKERS:-8} -p no:benchmark -vv"
     else
       say "   pytest-xdist unavailable: the Python tests run in one process"
     fi
     # NB: each worker's torch would start a thread per core (the float64
-    # references run on the CPU): the cores are shared out instead.  -v
+    # references run on the CPU): the cores are shared out instead.  -vv
     # (with workers) logs each result as it comes, so a stage cut short by
     # its limit still names what failed.
     threads=$(( $(nproc) / ${PYTEST_WORKERS:-8} ))
