@@ -2,7 +2,7 @@
 //   clone (new types, shared tensors) -> inline free functions, guard
 //   loop-carried aliases -> Inline (forward, preserved methods) -> guard again
 //   -> [freeze_module] -> ConstantPropagation -> [the frozen graph
-//   optimizations, where every BatchNorm is in inference] -> fuseGraph (Canonicalize,
+//   optimizations, where their BatchNorm folding keeps the meaning] -> fuseGraph (Canonicalize,
 //   then the registry's fusions in order, ReplaceRelu last)
 //   -> EliminateDeadCode -> guards to their persistent form -> lint
 

@@ -1,6 +1,6 @@
 """optimize(freeze=True) runs torch.jit.freeze's frozen graph optimizations
 (passes/frozen_optimizations.cpp) before the fusions, except where a
-BatchNorm is not constantly in inference (batchNormsAreInference)."""
+BatchNorm is not constantly in inference (batchNormFoldingKeepsMeaning)."""
 
 import copy
 
@@ -81,6 +81,32 @@ def test_batch_norm_left_in_training_mode_is_not_folded():
         torch.testing.assert_close(a.running_mean, b.running_mean)
         torch.testing.assert_close(a.running_var, b.running_var)
     assert not torch.equal(ref.bn.running_mean, initial)
+
+
+class LinearBnResidual(nn.Module):
+    """A linear whose output a BatchNorm and an add both read."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+        self.bn = nn.BatchNorm1d(6)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return self.bn(h) + h
+
+
+def test_batch_norm_after_a_linear_read_elsewhere_is_not_folded():
+    torch.manual_seed(0)
+    model = LinearBnResidual().double().eval()
+    with torch.no_grad():
+        model.bn.running_mean.copy_(signed(6))
+        model.bn.running_var.uniform_(0.5, 2)
+    x = signed(4, 6)
+    opt = torchfuse.optimize(torch.jit.script(copy.deepcopy(model)), freeze=True)
+    assert "aten::batch_norm" in kinds(opt)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), model(x))
 
 
 def test_unfrozen_result_keeps_batch_norm():

@@ -42,13 +42,36 @@ graph(%x : Tensor, %c : bool):
 }
 
 TEST(FrozenOptimizations, BatchNormsAreInferenceOnlyForConstantFalse) {
-  EXPECT_TRUE(batchNormsAreInference(
+  EXPECT_TRUE(batchNormFoldingKeepsMeaning(
       parse(convBatchNorm("%t : bool = prim::Constant[value=0]()"))->block()));
   // NB: nested in a branch, a constant True, and a runtime flag
-  EXPECT_FALSE(batchNormsAreInference(
+  EXPECT_FALSE(batchNormFoldingKeepsMeaning(
       parse(convBatchNorm("%t : bool = prim::Constant[value=1]()"))->block()));
   EXPECT_FALSE(
-      batchNormsAreInference(parse(convBatchNorm("%t : bool = aten::__not__(%c)"))->block()));
+      batchNormFoldingKeepsMeaning(parse(convBatchNorm("%t : bool = aten::__not__(%c)"))->block()));
+}
+
+TEST(FrozenOptimizations, NoFoldingIntoALinearReadElsewhere) {
+  const std::string ir = R"IR(
+graph(%x : Tensor):
+  %w : Float(4, 4, strides=[4, 1], requires_grad=0, device=cpu) = prim::Constant[value=<Tensor>]()
+  %v : Float(4, strides=[1], requires_grad=0, device=cpu) = prim::Constant[value=<Tensor>]()
+  %m : float = prim::Constant[value=0.1]()
+  %e : float = prim::Constant[value=1e-05]()
+  %f : bool = prim::Constant[value=0]()
+  %one : int = prim::Constant[value=1]()
+  %h : Tensor = aten::linear(%x, %w, %v)
+  %d : int = aten::dim(%h)
+  %z : Tensor = aten::batch_norm(%h, %v, %v, %v, %v, %f, %m, %e, %f)
+  %o : Tensor = aten::add(%z, %USE, %d)
+  return (%o))IR";
+  auto replace = [&](const std::string& use) {
+    auto s = ir;
+    s.replace(s.find("%USE"), 4, use);
+    return s;
+  };
+  EXPECT_TRUE(batchNormFoldingKeepsMeaning(parse(replace("%x"))->block()));
+  EXPECT_FALSE(batchNormFoldingKeepsMeaning(parse(replace("%h"))->block()));
 }
 
 TEST(FrozenOptimizations, FoldsAnInferenceBatchNorm) {
