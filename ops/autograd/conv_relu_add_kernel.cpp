@@ -5,7 +5,6 @@
 #include "ops/common/autograd_utils.h"
 #include "ops/common/conv_composites.h"
 #include "ops/conv_relu_add.h"
-#include "torchfuse/ops.h"
 
 namespace torchfuse::ops {
 namespace {
