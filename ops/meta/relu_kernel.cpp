@@ -35,11 +35,5 @@ at::Tensor reluBackwardMeta(const at::Tensor& grad_output, const at::Tensor& mas
 
 TORCH_LIBRARY_IMPL(torchfuse, Meta, m) {
   using namespace torchfuse::ops;
-  m.impl(TORCH_SELECTIVE_NAME("torchfuse::custom_relu"), TORCH_FN(reluMeta));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_relu_forward_mask"),
-      TORCH_FN(reluForwardMaskMeta));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_relu_backward"),
-      TORCH_FN(reluBackwardMeta));
+  registerRelu<reluMeta, reluForwardMaskMeta, reluBackwardMeta>(m);
 }
