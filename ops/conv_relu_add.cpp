@@ -161,6 +161,17 @@ at::MemoryFormat convOutputMemoryFormat(const at::Tensor& input, const at::Tenso
 }
 
 namespace {
+// The convolution's own arguments, which the forward's and the backward's
+// arguments both hold.
+struct Convolution {
+  const at::Tensor& input;
+  const at::Tensor& weight;
+  at::IntArrayRef stride;
+  at::IntArrayRef padding;
+  at::IntArrayRef dilation;
+  int64_t groups;
+};
+
 // The output's shape, each step overflow-checked: the one check, shared by
 // the CPU, CUDA and Meta kernels (forward and backward), that no padding,
 // dilation or input size wraps int64.
@@ -168,13 +179,8 @@ namespace {
 // misleading "kernel larger than input"), and padding 2**31 - 1 on a 2x2
 // input gave an output whose byte size wraps to 0: oneDNN then died of
 // SIGFPE, as eager's conv2d does.
-std::vector<int64_t> checkedConvOutputSizes(
-    const char* op,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation) {
+std::vector<int64_t> checkedConvOutputSizes(const char* op, const Convolution& c) {
+  const auto& [input, weight, stride, padding, dilation, groups] = c;
   const bool batched = input.dim() == weight.dim();
   std::vector<int64_t> out;
   if (batched) {
@@ -217,14 +223,8 @@ std::vector<int64_t> checkedConvOutputSizes(
 }
 
 // The checks on the convolution's own arguments; returns its output's shape.
-std::vector<int64_t> checkConvolution(
-    const char* op,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups) {
+std::vector<int64_t> checkConvolution(const char* op, const Convolution& c) {
+  const auto& [input, weight, stride, padding, dilation, groups] = c;
   checkDefined(op, "input", input);
   checkDefined(op, "weight", weight);
   TORCH_CHECK(
@@ -257,7 +257,7 @@ std::vector<int64_t> checkConvolution(
       weight.size(0) % groups == 0, op,
       ": expected weight.size(0) to be divisible by groups (", groups,
       "), got ", weight.size(0));
-  return checkedConvOutputSizes(op, input, weight, stride, padding, dilation);
+  return checkedConvOutputSizes(op, c);
 }
 
 // other may also be a 0-dim CPU tensor, which add takes on any device.
@@ -270,7 +270,7 @@ void checkOtherDevice(const char* op, const at::Tensor& other, const at::Tensor&
 
 std::vector<int64_t> checkConvReluAddInputs(const ConvReluAddArgs& a) {
   const auto& [input, weight, bias, stride, padding, dilation, groups, other, alpha] = a;
-  const auto out = checkConvolution(kOp, input, weight, stride, padding, dilation, groups);
+  const auto out = checkConvolution(kOp, {input, weight, stride, padding, dilation, groups});
   checkDefined(kOp, "other", other);
   checkOtherDevice(kOp, other, input);
   if (bias.has_value() && bias->defined()) {
@@ -290,8 +290,7 @@ std::vector<int64_t> checkConvReluAddBackwardInputs(const ConvReluAddBackwardArg
   const auto& [grad_output, mask, input, weight, stride, padding, dilation, groups, output_mask] =
       a;
   constexpr const char* kBackward = "torchfuse::custom_conv_relu_add_backward";
-  const auto out =
-      checkConvolution(kBackward, input, weight, stride, padding, dilation, groups);
+  const auto out = checkConvolution(kBackward, {input, weight, stride, padding, dilation, groups});
   checkDefined(kBackward, "grad_output", grad_output);
   checkDefined(kBackward, "mask", mask);
   checkSameDevice(kBackward, "grad_output", grad_output, input);
