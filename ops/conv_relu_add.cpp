@@ -39,14 +39,18 @@ TORCH_LIBRARY_FRAGMENT(torchfuse, m) {
 namespace torchfuse {
 
 namespace {
-using ConvSignature = at::Tensor(
-    const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-    at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, int64_t,
-    const at::Tensor&, const at::Scalar&);
-using ConvForwardSignature = std::tuple<at::Tensor, at::Tensor>(
-    const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
-    at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, int64_t,
-    const at::Tensor&, const at::Scalar&);
+// The op's and its _forward form's, whose result is R.
+template <typename R>
+using ConvSignature =
+    R(const at::Tensor&,
+      const at::Tensor&,
+      const std::optional<at::Tensor>&,
+      at::IntArrayRef,
+      at::IntArrayRef,
+      at::IntArrayRef,
+      int64_t,
+      const at::Tensor&,
+      const at::Scalar&);
 using ConvBackwardSignature = ops::ConvReluAddGrads(
     const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
     at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, int64_t, std::array<bool, 4>);
@@ -64,7 +68,7 @@ at::Tensor custom_conv_relu_add(
     const at::Scalar& alpha) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("torchfuse::custom_conv_relu_add", "")
-                       .typed<ConvSignature>();
+                       .typed<ConvSignature<at::Tensor>>();
   return op.call(input, weight, bias, stride, padding, dilation, groups, other, alpha);
 }
 
@@ -156,28 +160,18 @@ at::MemoryFormat convOutputMemoryFormat(const at::Tensor& input, const at::Tenso
   return at::MemoryFormat::Contiguous;
 }
 
-std::vector<int64_t> convOutputSizes(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation) {
-  const bool batched = input.dim() == weight.dim();
-  std::vector<int64_t> out;
-  if (batched) {
-    out.push_back(input.size(0));
-  }
-  out.push_back(weight.size(0));
-  const int64_t first = batched ? 2 : 1;
-  for (int64_t d = 0; d < weight.dim() - 2; ++d) {
-    const int64_t extent = input.size(first + d) + 2 * at1(padding, d) -
-        at1(dilation, d) * (weight.size(2 + d) - 1) - 1;
-    out.push_back(extent / at1(stride, d) + 1);
-  }
-  return out;
-}
-
 namespace {
+// The convolution's own arguments, which the forward's and the backward's
+// arguments both hold.
+struct Convolution {
+  const at::Tensor& input;
+  const at::Tensor& weight;
+  at::IntArrayRef stride;
+  at::IntArrayRef padding;
+  at::IntArrayRef dilation;
+  int64_t groups;
+};
+
 // The output's shape, each step overflow-checked: the one check, shared by
 // the CPU, CUDA and Meta kernels (forward and backward), that no padding,
 // dilation or input size wraps int64.
@@ -185,13 +179,8 @@ namespace {
 // misleading "kernel larger than input"), and padding 2**31 - 1 on a 2x2
 // input gave an output whose byte size wraps to 0: oneDNN then died of
 // SIGFPE, as eager's conv2d does.
-std::vector<int64_t> checkedConvOutputSizes(
-    const char* op,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation) {
+std::vector<int64_t> checkedConvOutputSizes(const char* op, const Convolution& c) {
+  const auto& [input, weight, stride, padding, dilation, groups] = c;
   const bool batched = input.dim() == weight.dim();
   std::vector<int64_t> out;
   if (batched) {
@@ -234,14 +223,8 @@ std::vector<int64_t> checkedConvOutputSizes(
 }
 
 // The checks on the convolution's own arguments; returns its output's shape.
-std::vector<int64_t> checkConvolution(
-    const char* op,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups) {
+std::vector<int64_t> checkConvolution(const char* op, const Convolution& c) {
+  const auto& [input, weight, stride, padding, dilation, groups] = c;
   checkDefined(op, "input", input);
   checkDefined(op, "weight", weight);
   TORCH_CHECK(
@@ -274,7 +257,7 @@ std::vector<int64_t> checkConvolution(
       weight.size(0) % groups == 0, op,
       ": expected weight.size(0) to be divisible by groups (", groups,
       "), got ", weight.size(0));
-  return checkedConvOutputSizes(op, input, weight, stride, padding, dilation);
+  return checkedConvOutputSizes(op, c);
 }
 
 // other may also be a 0-dim CPU tensor, which add takes on any device.
@@ -285,16 +268,9 @@ void checkOtherDevice(const char* op, const at::Tensor& other, const at::Tensor&
 }
 } // namespace
 
-std::vector<int64_t> checkConvReluAddInputs(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    const at::Tensor& other) {
-  const auto out = checkConvolution(kOp, input, weight, stride, padding, dilation, groups);
+std::vector<int64_t> checkConvReluAddInputs(const ConvReluAddArgs& a) {
+  const auto& [input, weight, bias, stride, padding, dilation, groups, other, alpha] = a;
+  const auto out = checkConvolution(kOp, {input, weight, stride, padding, dilation, groups});
   checkDefined(kOp, "other", other);
   checkOtherDevice(kOp, other, input);
   if (bias.has_value() && bias->defined()) {
@@ -310,18 +286,11 @@ std::vector<int64_t> checkConvReluAddInputs(
   return out;
 }
 
-std::vector<int64_t> checkConvReluAddBackwardInputs(
-    const at::Tensor& grad_output,
-    const at::Tensor& mask,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups) {
+std::vector<int64_t> checkConvReluAddBackwardInputs(const ConvReluAddBackwardArgs& a) {
+  const auto& [grad_output, mask, input, weight, stride, padding, dilation, groups, output_mask] =
+      a;
   constexpr const char* kBackward = "torchfuse::custom_conv_relu_add_backward";
-  const auto out =
-      checkConvolution(kBackward, input, weight, stride, padding, dilation, groups);
+  const auto out = checkConvolution(kBackward, {input, weight, stride, padding, dilation, groups});
   checkDefined(kBackward, "grad_output", grad_output);
   checkDefined(kBackward, "mask", mask);
   checkSameDevice(kBackward, "grad_output", grad_output, input);
@@ -345,73 +314,42 @@ void checkConvReluAddBackwardMaskType(const at::Tensor& mask) {
       mask.sym_sizes());
 }
 
-bool convReluAddHandles(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    at::IntArrayRef /*stride*/,
-    at::IntArrayRef /*padding*/,
-    at::IntArrayRef /*dilation*/,
-    int64_t /*groups*/,
-    const at::Tensor& other,
-    const at::Scalar& /*alpha*/) {
-  if (!isPlainDenseTensor(input) || !isPlainDenseTensor(weight) ||
-      !isPlainDenseTensor(orUndefined(bias)) || !isPlainDenseTensor(other)) {
+bool convReluAddHandles(const ConvReluAddArgs& a) {
+  if (!isPlainDenseTensor(a.input) || !isPlainDenseTensor(a.weight) ||
+      !isPlainDenseTensor(orUndefined(a.bias)) || !isPlainDenseTensor(a.other)) {
     return false;
   }
   // NB: add takes a 0-dim CPU `other` on any device; the CUDA kernels read
   // other on the input's device.
-  return !(other.defined() && input.defined() && other.dim() == 0 && other.is_cpu() &&
-           !input.is_cpu());
+  return !(
+      a.other.defined() && a.input.defined() && a.other.dim() == 0 && a.other.is_cpu() &&
+      !a.input.is_cpu());
 }
 
-at::Tensor convReluAddReference(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    const at::Tensor& other,
-    const at::Scalar& alpha) {
-  return at::add(
-      at::relu(convolve(input, weight, bias, stride, padding, dilation, groups)), other, alpha);
+at::Tensor convReluAddReference(const ConvReluAddArgs& a) {
+  return at::add(at::relu(convolve(a)), a.other, a.alpha);
 }
 
-std::tuple<at::Tensor, at::Tensor> convReluAddForward(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    const at::Tensor& other,
-    const at::Scalar& alpha) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("torchfuse::custom_conv_relu_add_forward", "")
-          .typed<ConvForwardSignature>();
-  return op.call(input, weight, bias, stride, padding, dilation, groups, other, alpha);
+at::Tensor convReluAdd(const ConvReluAddArgs& a) {
+  return custom_conv_relu_add(
+      a.input, a.weight, a.bias, a.stride, a.padding, a.dilation, a.groups, a.other, a.alpha);
 }
 
-ConvReluAddGrads convReluAddBackward(
-    const at::Tensor& grad_output,
-    const at::Tensor& mask,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    std::array<bool, 4> output_mask) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("torchfuse::custom_conv_relu_add_backward", "")
-          .typed<ConvBackwardSignature>();
+std::tuple<at::Tensor, at::Tensor> convReluAddForward(const ConvReluAddArgs& a) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("torchfuse::custom_conv_relu_add_forward", "")
+                       .typed<ConvSignature<std::tuple<at::Tensor, at::Tensor>>>();
   return op.call(
-      grad_output, mask, input, weight, stride, padding, dilation, groups, output_mask);
+      a.input, a.weight, a.bias, a.stride, a.padding, a.dilation, a.groups, a.other, a.alpha);
+}
+
+ConvReluAddGrads convReluAddBackward(const ConvReluAddBackwardArgs& a) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("torchfuse::custom_conv_relu_add_backward", "")
+                       .typed<ConvBackwardSignature>();
+  return op.call(
+      a.grad_output, a.mask, a.input, a.weight, a.stride, a.padding, a.dilation, a.groups,
+      a.output_mask);
 }
 
 } // namespace ops
@@ -420,7 +358,6 @@ ConvReluAddGrads convReluAddBackward(
 // Backends without a torchfuse kernel (QuantizedCPU, SparseCPU, ...) run the
 // original chain.
 TORCH_LIBRARY_IMPL(torchfuse, CompositeExplicitAutograd, m) {
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add"),
-      TORCH_FN(torchfuse::ops::convReluAddReference));
+  using namespace torchfuse::ops;
+  registerConvReluAdd<convReluAddReference>(m);
 }

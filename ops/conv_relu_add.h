@@ -3,21 +3,104 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Scalar.h>
 #include <c10/core/SymInt.h>
+#include <torch/library.h>
 
 #include <array>
+#include <cstddef>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace torchfuse::ops {
 
-// The shape of the convolution's output (before broadcasting with other).
-std::vector<int64_t> convOutputSizes(
+// The arguments of custom_conv_relu_add and of its _forward form, as their
+// kernels and helpers take them.
+// NB: references to the dispatcher's arguments, so a value lives no longer
+// than the call that packed it.
+struct ConvReluAddArgs {
+  const at::Tensor& input;
+  const at::Tensor& weight;
+  const std::optional<at::Tensor>& bias;
+  at::IntArrayRef stride;
+  at::IntArrayRef padding;
+  at::IntArrayRef dilation;
+  int64_t groups;
+  const at::Tensor& other;
+  const at::Scalar& alpha;
+};
+
+// The arguments of custom_conv_relu_add_backward: mask is what
+// custom_conv_relu_add_forward returned for input and weight.
+struct ConvReluAddBackwardArgs {
+  const at::Tensor& grad_output;
+  const at::Tensor& mask;
+  const at::Tensor& input;
+  const at::Tensor& weight;
+  at::IntArrayRef stride;
+  at::IntArrayRef padding;
+  at::IntArrayRef dilation;
+  int64_t groups;
+  std::array<bool, 4> output_mask;
+};
+
+// custom_conv_relu_add_backward's result: (grad_input, grad_weight,
+// grad_bias, grad_channels), undefined where output_mask is false.
+// grad_channels is grad_output, summed to the conv output's shape, summed
+// over all but the channel dimension: C values in grad_output's dtype, the
+// gradient of a per-channel or scalar-like `other` before alpha (which
+// reduces it in the same pass that masks it).  The gradient of any other
+// `other` is grad_output itself, reduced by the caller.
+using ConvReluAddGrads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// The kernels registered for the ops, one template a schema: they unpack the
+// dispatcher's arguments into the structs above and call F (the op and its
+// _forward form share the first).
+template <auto F>
+auto convReluAddKernel(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    const at::Tensor& other,
+    const at::Scalar& alpha) {
+  return F(ConvReluAddArgs{input, weight, bias, stride, padding, dilation, groups, other, alpha});
+}
+
+template <auto F>
+ConvReluAddGrads convReluAddBackwardKernel(
+    const at::Tensor& grad_output,
+    const at::Tensor& mask,
     const at::Tensor& input,
     const at::Tensor& weight,
     at::IntArrayRef stride,
     at::IntArrayRef padding,
-    at::IntArrayRef dilation);
+    at::IntArrayRef dilation,
+    int64_t groups,
+    std::array<bool, 4> output_mask) {
+  return F(ConvReluAddBackwardArgs{
+      grad_output, mask, input, weight, stride, padding, dilation, groups, output_mask});
+}
+
+// Registers one dispatch key's kernels: Op for custom_conv_relu_add, and
+// Forward and Backward for _forward and _backward where not nullptr.
+template <auto Op, auto Forward = nullptr, auto Backward = nullptr>
+void registerConvReluAdd(torch::Library& m) {
+  m.impl(TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add"), TORCH_FN(convReluAddKernel<Op>));
+  if constexpr (!std::is_same_v<decltype(Forward), std::nullptr_t>) {
+    m.impl(
+        TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add_forward"),
+        TORCH_FN(convReluAddKernel<Forward>));
+  }
+  if constexpr (!std::is_same_v<decltype(Backward), std::nullptr_t>) {
+    m.impl(
+        TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add_backward"),
+        TORCH_FN(convReluAddBackwardKernel<Backward>));
+  }
+}
 
 // The memory format of a batched convolution's output in eager PyTorch:
 // channels-last when the input or the weight is.
@@ -27,15 +110,7 @@ at::MemoryFormat convOutputMemoryFormat(const at::Tensor& input, const at::Tenso
 // with the op and argument named, only for arguments the original chain
 // also rejects; the output's size is overflow-checked (at most 2^63 - 1
 // bytes), for the CPU, CUDA and Meta kernels alike.
-std::vector<int64_t> checkConvReluAddInputs(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    const at::Tensor& other);
+std::vector<int64_t> checkConvReluAddInputs(const ConvReluAddArgs& a);
 
 // A conv output [N, C, spatial...] seen as images x channels x positions
 // (the product of the spatial sizes); an unbatched output [C, spatial...]
@@ -84,15 +159,7 @@ at::Tensor unpackConvMask(
 
 // Checks the backward's arguments, the mask's size in the order
 // convMaskOrder(input, weight) included, and returns the conv output's shape.
-std::vector<int64_t> checkConvReluAddBackwardInputs(
-    const at::Tensor& grad_output,
-    const at::Tensor& mask,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups);
+std::vector<int64_t> checkConvReluAddBackwardInputs(const ConvReluAddBackwardArgs& a);
 
 // The mask checks that need no sizes (the Meta kernel's, for symbolic sizes).
 void checkConvReluAddBackwardMaskType(const at::Tensor& mask);
@@ -100,59 +167,16 @@ void checkConvReluAddBackwardMaskType(const at::Tensor& mask);
 // Whether the op's own kernels take these arguments: dense strided tensors on
 // CPU, CUDA or Meta (isPlainDenseTensor), `other` on the input's device.
 // Never throws.  Where false, every entry point runs convReluAddReference.
-bool convReluAddHandles(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    const at::Tensor& other,
-    const at::Scalar& alpha);
+bool convReluAddHandles(const ConvReluAddArgs& a);
 
 // The original chain as ATen ops, relu(conv{1,2,3}d(...)) + alpha * other:
 // ATen's own errors, results and autograd (double backward included).
-at::Tensor convReluAddReference(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    const at::Tensor& other,
-    const at::Scalar& alpha);
+at::Tensor convReluAddReference(const ConvReluAddArgs& a);
 
-// custom_conv_relu_add_backward's result: (grad_input, grad_weight,
-// grad_bias, grad_channels), undefined where output_mask is false.
-// grad_channels is grad_output, summed to the conv output's shape, summed
-// over all but the channel dimension: C values in grad_output's dtype, the
-// gradient of a per-channel or scalar-like `other` before alpha (which
-// reduces it in the same pass that masks it).  The gradient of any other
-// `other` is grad_output itself, reduced by the caller.
-using ConvReluAddGrads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-
-std::tuple<at::Tensor, at::Tensor> convReluAddForward(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    const at::Tensor& other,
-    const at::Scalar& alpha);
-
-ConvReluAddGrads convReluAddBackward(
-    const at::Tensor& grad_output,
-    const at::Tensor& mask,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    std::array<bool, 4> output_mask);
+// The ops through the dispatcher: custom_conv_relu_add, its _forward form
+// (which also returns the ReLU mask) and _backward.
+at::Tensor convReluAdd(const ConvReluAddArgs& a);
+std::tuple<at::Tensor, at::Tensor> convReluAddForward(const ConvReluAddArgs& a);
+ConvReluAddGrads convReluAddBackward(const ConvReluAddBackwardArgs& a);
 
 } // namespace torchfuse::ops

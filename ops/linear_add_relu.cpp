@@ -41,13 +41,10 @@ at::Tensor custom_linear_add_relu(
     const std::optional<at::Tensor>& bias,
     const at::Tensor& other,
     const at::Scalar& alpha) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("torchfuse::custom_linear_add_relu", "")
-          .typed<at::Tensor(
-              const at::Tensor&, const at::Tensor&,
-              const std::optional<at::Tensor>&, const at::Tensor&,
-              const at::Scalar&)>();
+  // NB: the schema's C++ signature is this function's type.
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("torchfuse::custom_linear_add_relu", "")
+                       .typed<decltype(custom_linear_add_relu)>();
   return op.call(input, weight, bias, other, alpha);
 }
 
@@ -92,11 +89,8 @@ bool plainStrided(const at::Tensor& t) {
 }
 } // namespace
 
-void checkLinearAddReluInputs(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& other) {
+void checkLinearAddReluInputs(const LinearAddReluArgs& a) {
+  const auto& [input, weight, bias, other, alpha] = a;
   checkDefined(kOp, "input", input);
   checkDefined(kOp, "weight", weight);
   checkDefined(kOp, "other", other);
@@ -130,12 +124,8 @@ void checkLinearAddReluInputs(
   }
 }
 
-bool linearAddReluHandles(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& other,
-    const at::Scalar& alpha) {
+bool linearAddReluHandles(const LinearAddReluArgs& a) {
+  const auto& [input, weight, bias, other, alpha] = a;
   const bool has_bias = hasBias(bias);
   if (!input.defined() || !weight.defined() || !other.defined() ||
       !plainStrided(input) || !plainStrided(weight) || !plainStrided(other) ||
@@ -166,29 +156,22 @@ bool linearAddReluHandles(
   return broadcastable(other.sizes(), linearSizes(input, weight));
 }
 
-at::Tensor linearAddReluReference(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& other,
-    const at::Scalar& alpha) {
-  checkLinearAddReluInputs(input, weight, bias, other);
-  return at::relu(at::add(at::linear(input, weight, bias), other, alpha));
+at::Tensor linearAddReluReference(const LinearAddReluArgs& a) {
+  checkLinearAddReluInputs(a);
+  return at::relu(at::add(at::linear(a.input, a.weight, a.bias), a.other, a.alpha));
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linearAddReluBackward(
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const at::Tensor& result,
-    std::array<bool, 3> output_mask) {
-  static auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("torchfuse::custom_linear_add_relu_backward", "")
-          .typed<std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>(
-              const at::Tensor&, const at::Tensor&, const at::Tensor&,
-              const at::Tensor&, std::array<bool, 3>)>();
-  return op.call(grad_output, input, weight, result, output_mask);
+at::Tensor linearAddRelu(const LinearAddReluArgs& a) {
+  return custom_linear_add_relu(a.input, a.weight, a.bias, a.other, a.alpha);
+}
+
+LinearAddReluGrads linearAddReluBackward(const LinearAddReluBackwardArgs& a) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("torchfuse::custom_linear_add_relu_backward", "")
+                       .typed<LinearAddReluGrads(
+                           const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                           const at::Tensor&, std::array<bool, 3>)>();
+  return op.call(a.grad_output, a.input, a.weight, a.result, a.output_mask);
 }
 
 } // namespace ops
@@ -197,7 +180,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> linearAddReluBackward
 // NB: also what a call with no tensor argument (all None) reaches, whose
 // checks then name the missing argument.
 TORCH_LIBRARY_IMPL(torchfuse, CompositeExplicitAutograd, m) {
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_linear_add_relu"),
-      TORCH_FN(torchfuse::ops::linearAddReluReference));
+  using namespace torchfuse::ops;
+  registerLinearAddRelu<linearAddReluReference>(m);
 }

@@ -146,7 +146,5 @@ at::Tensor reluBackward(
 } // namespace torchfuse
 
 TORCH_LIBRARY_IMPL(torchfuse, CompositeExplicitAutograd, m) {
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_relu"),
-      TORCH_FN(torchfuse::ops::reluReference));
+  torchfuse::ops::registerRelu<torchfuse::ops::reluReference>(m);
 }

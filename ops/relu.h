@@ -2,12 +2,29 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/util/OptionalArrayRef.h>
+#include <torch/library.h>
 
+#include <cstddef>
 #include <optional>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 namespace torchfuse::ops {
+
+// Registers one dispatch key's kernels: Op for custom_relu, and ForwardMask
+// and Backward for custom_relu_forward_mask and custom_relu_backward where
+// not nullptr.
+template <auto Op, auto ForwardMask = nullptr, auto Backward = nullptr>
+void registerRelu(torch::Library& m) {
+  m.impl(TORCH_SELECTIVE_NAME("torchfuse::custom_relu"), TORCH_FN(Op));
+  if constexpr (!std::is_same_v<decltype(ForwardMask), std::nullptr_t>) {
+    m.impl(TORCH_SELECTIVE_NAME("torchfuse::custom_relu_forward_mask"), TORCH_FN(ForwardMask));
+  }
+  if constexpr (!std::is_same_v<decltype(Backward), std::nullptr_t>) {
+    m.impl(TORCH_SELECTIVE_NAME("torchfuse::custom_relu_backward"), TORCH_FN(Backward));
+  }
+}
 
 // True when custom_relu's own kernels take `input`: a defined, strided, not
 // quantized tensor of float32, float64, float16 or bfloat16.  Never throws.

@@ -5,7 +5,6 @@
 #include "ops/common/autograd_utils.h"
 #include "ops/common/conv_composites.h"
 #include "ops/conv_relu_add.h"
-#include "torchfuse/ops.h"
 
 namespace torchfuse::ops {
 namespace {
@@ -32,30 +31,23 @@ bool channelShaped(at::IntArrayRef other, int64_t rank, int64_t spatial, int64_t
 
 // Saves input, weight and a 1-bit ReLU mask of the conv output; other only by
 // its shape.
+// NB: apply takes ConvReluAddArgs' fields one by one, as it records an edge
+// for each tensor argument; forward packs them again.
 class ConvReluAddFunction : public torch::autograd::Function<ConvReluAddFunction> {
  public:
-  static at::Tensor forward(
-      AutogradContext* ctx,
-      const at::Tensor& input,
-      const at::Tensor& weight,
-      const std::optional<at::Tensor>& bias,
-      std::vector<int64_t> stride,
-      std::vector<int64_t> padding,
-      std::vector<int64_t> dilation,
-      int64_t groups,
-      const at::Tensor& other,
-      const at::Scalar& alpha) {
+  template <typename... Args>
+  static at::Tensor forward(AutogradContext* ctx, const Args&... args) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [out, mask] = convReluAddForward(
-        input, weight, bias, stride, padding, dilation, groups, other, alpha);
-    ctx->save_for_backward({input, weight, mask});
-    ctx->saved_data["stride"] = stride;
-    ctx->saved_data["padding"] = padding;
-    ctx->saved_data["dilation"] = dilation;
-    ctx->saved_data["groups"] = groups;
-    ctx->saved_data["other_sizes"] = other.sizes().vec();
-    ctx->saved_data["alpha"] = alpha;
-    ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
+    const ConvReluAddArgs a{args...};
+    auto [out, mask] = convReluAddForward(a);
+    ctx->save_for_backward({a.input, a.weight, mask});
+    ctx->saved_data["stride"] = a.stride.vec();
+    ctx->saved_data["padding"] = a.padding.vec();
+    ctx->saved_data["dilation"] = a.dilation.vec();
+    ctx->saved_data["groups"] = a.groups;
+    ctx->saved_data["other_sizes"] = a.other.sizes().vec();
+    ctx->saved_data["alpha"] = a.alpha;
+    ctx->saved_data["has_bias"] = a.bias.has_value() && a.bias->defined();
     return out;
   }
 
@@ -73,13 +65,13 @@ class ConvReluAddFunction : public torch::autograd::Function<ConvReluAddFunction
     const bool scalar_like = c10::multiply_integers(other_sizes) == 1;
     const bool channel_other = needs(3) && !scalar_like &&
         channelShaped(other_sizes, saved[0].dim(), weight.dim() - 2, weight.size(0));
+    const auto stride = ctx->saved_data["stride"].toIntVector();
+    const auto padding = ctx->saved_data["padding"].toIntVector();
+    const auto dilation = ctx->saved_data["dilation"].toIntVector();
+    const std::array<bool, 4> mask{needs(0), needs(1), needs(2), channel_other};
     auto [grad_input, grad_weight, grad_bias, grad_channels] = convReluAddBackward(
-        grads[0], saved[2], saved[0], weight,
-        ctx->saved_data["stride"].toIntVector(),
-        ctx->saved_data["padding"].toIntVector(),
-        ctx->saved_data["dilation"].toIntVector(),
-        ctx->saved_data["groups"].toInt(),
-        {needs(0), needs(1), needs(2), channel_other});
+        {grads[0], saved[2], saved[0], weight, stride, padding, dilation,
+         ctx->saved_data["groups"].toInt(), mask});
     at::Tensor grad_other;
     if (needs(3)) {
       grad_other = channel_other ? grad_channels.reshape(other_sizes)
@@ -91,54 +83,32 @@ class ConvReluAddFunction : public torch::autograd::Function<ConvReluAddFunction
   }
 };
 
-at::Tensor convReluAddAutograd(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    const at::Tensor& other,
-    const at::Scalar& alpha) {
-  if (!convReluAddHandles(input, weight, bias, stride, padding, dilation, groups, other, alpha)) {
+at::Tensor convReluAddAutograd(const ConvReluAddArgs& a) {
+  if (!convReluAddHandles(a)) {
     // NB: with autograd on: ATen records the original chain's own graph.
-    return convReluAddReference(input, weight, bias, stride, padding, dilation, groups, other, alpha);
+    return convReluAddReference(a);
   }
-  if (!needsGraph(input, weight, bias, other)) {
+  if (!needsGraph(a.input, a.weight, a.bias, a.other)) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    return custom_conv_relu_add(
-        input, weight, bias, stride, padding, dilation, groups, other, alpha);
+    return convReluAdd(a);
   }
   // NB: an absent bias goes to apply as an optional, which apply skips; an
   // undefined at::Tensor input fails there ("tensor does not have a device").
   return ConvReluAddFunction::apply(
-      input, weight, bias, stride.vec(), padding.vec(), dilation.vec(),
-      groups, other, alpha);
+      a.input, a.weight, a.bias, a.stride, a.padding, a.dilation, a.groups, a.other, a.alpha);
 }
 
-ConvReluAddGrads convReluAddBackwardAutograd(
-    const at::Tensor& grad_output,
-    const at::Tensor& mask,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    std::array<bool, 4> output_mask) {
-  if (needsGraph(grad_output, input, weight)) {
+ConvReluAddGrads convReluAddBackwardAutograd(const ConvReluAddBackwardArgs& a) {
+  if (needsGraph(a.grad_output, a.input, a.weight)) {
     // NB: a backward with create_graph=True (or a direct call that records a
     // graph): the composite's ATen ops record the double backward's graph,
     // the mask a constant as in relu's own derivative, and
     // convolution_backward differentiated by ATen's formula.  The plain
     // backward keeps the device kernels below.
-    return convReluAddBackwardComposite(
-        grad_output, mask, input, weight, stride, padding, dilation, groups, output_mask);
+    return convReluAddBackwardComposite(a);
   }
   at::AutoDispatchBelowADInplaceOrView guard;
-  return convReluAddBackward(
-      grad_output, mask, input, weight, stride, padding, dilation, groups, output_mask);
+  return convReluAddBackward(a);
 }
 
 } // namespace
@@ -146,10 +116,5 @@ ConvReluAddGrads convReluAddBackwardAutograd(
 
 TORCH_LIBRARY_IMPL(torchfuse, Autograd, m) {
   using namespace torchfuse::ops;
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add"),
-      TORCH_FN(convReluAddAutograd));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add_backward"),
-      TORCH_FN(convReluAddBackwardAutograd));
+  registerConvReluAdd<convReluAddAutograd, nullptr, convReluAddBackwardAutograd>(m);
 }

@@ -4,7 +4,6 @@
 #include "ops/common/autograd_utils.h"
 #include "ops/common/checks.h"
 #include "ops/linear_add_relu.h"
-#include "torchfuse/ops.h"
 
 namespace torchfuse::ops {
 namespace {
@@ -14,18 +13,16 @@ using torch::autograd::variable_list;
 
 // Saves input, weight and the output (the ReLU mask is read off the output);
 // other only by its shape.
-class LinearAddReluFunction
-    : public torch::autograd::Function<LinearAddReluFunction> {
+// NB: apply takes LinearAddReluArgs' fields one by one, as it records an
+// edge for each tensor argument; forward packs them again.
+class LinearAddReluFunction : public torch::autograd::Function<LinearAddReluFunction> {
  public:
-  static at::Tensor forward(
-      AutogradContext* ctx,
-      const at::Tensor& input,
-      const at::Tensor& weight,
-      const std::optional<at::Tensor>& bias,
-      const at::Tensor& other,
-      const at::Scalar& alpha) {
+  template <typename... Args>
+  static at::Tensor forward(AutogradContext* ctx, const Args&... args) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto out = custom_linear_add_relu(input, weight, bias, other, alpha);
+    const LinearAddReluArgs a{args...};
+    const auto& [input, weight, bias, other, alpha] = a;
+    auto out = linearAddRelu(a);
     ctx->save_for_backward({input, weight, out});
     ctx->saved_data["other_sizes"] = other.sizes().vec();
     ctx->saved_data["alpha"] = alpha;
@@ -33,9 +30,9 @@ class LinearAddReluFunction
     // A per-feature `other` (N elements along the last dim, adding no dims)
     // has the bias's gradient, which the CUDA backward reduces inside its
     // weight GEMM.  NB: symbolic sizes (tracing) keep the general rule.
-    ctx->saved_data["other_per_feature"] = !anySymbolic({other, weight}) &&
-        other.dim() >= 1 && other.dim() <= input.dim() &&
-        other.numel() == weight.size(0) && other.size(-1) == weight.size(0);
+    ctx->saved_data["other_per_feature"] = !anySymbolic({other, weight}) && other.dim() >= 1 &&
+        other.dim() <= input.dim() && other.numel() == weight.size(0) &&
+        other.size(-1) == weight.size(0);
     return out;
   }
 
@@ -49,9 +46,9 @@ class LinearAddReluFunction
     const auto other_sizes = ctx->saved_data["other_sizes"].toIntVector();
     const bool other_from_bias =
         needs(3) && ctx->saved_data["other_per_feature"].toBool();
-    auto [grad_input, grad_weight, grad_bias, grad_sum] = linearAddReluBackward(
-        grads[0], saved[0], saved[1], saved[2],
-        {needs(0), needs(1), needs(2) || other_from_bias});
+    const std::array<bool, 3> mask{needs(0), needs(1), needs(2) || other_from_bias};
+    auto [grad_input, grad_weight, grad_bias, grad_sum] =
+        linearAddReluBackward({grads[0], saved[0], saved[1], saved[2], mask});
     at::Tensor grad_other;
     if (other_from_bias) {
       grad_other = grad_bias.reshape(other_sizes);
@@ -66,42 +63,31 @@ class LinearAddReluFunction
   }
 };
 
-at::Tensor linearAddReluAutograd(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& other,
-    const at::Scalar& alpha) {
-  if (!linearAddReluHandles(input, weight, bias, other, alpha)) {
+at::Tensor linearAddReluAutograd(const LinearAddReluArgs& a) {
+  if (!linearAddReluHandles(a)) {
     // Autograd still on: ATen records its own graph.
-    return linearAddReluReference(input, weight, bias, other, alpha);
+    return linearAddReluReference(a);
   }
-  if (!needsGraph(input, weight, bias, other)) {
+  if (!needsGraph(a.input, a.weight, a.bias, a.other)) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    return custom_linear_add_relu(input, weight, bias, other, alpha);
+    return linearAddRelu(a);
   }
   // NB: an absent bias goes to apply as an optional: apply records an
   // undefined at::Tensor as an input and fails ("tensor does not have a
   // device"), while it skips an empty optional.
-  return LinearAddReluFunction::apply(input, weight, bias, other, alpha);
+  return LinearAddReluFunction::apply(a.input, a.weight, a.bias, a.other, a.alpha);
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-linearAddReluBackwardAutograd(
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const at::Tensor& result,
-    std::array<bool, 3> output_mask) {
+LinearAddReluGrads linearAddReluBackwardAutograd(const LinearAddReluBackwardArgs& a) {
   // NB: a graph is recorded when the forward's backward runs with
   // create_graph: the composite's ATen ops then give double backward (the
   // relu mask, read off `result`, is piecewise constant, as in ATen).  The
   // plain backward keeps the device kernels.
-  if (needsGraph(grad_output, input, weight, result)) {
-    return linearAddReluBackwardComposite(grad_output, input, weight, result, output_mask);
+  if (needsGraph(a.grad_output, a.input, a.weight, a.result)) {
+    return linearAddReluBackwardComposite(a);
   }
   at::AutoDispatchBelowADInplaceOrView guard;
-  return linearAddReluBackward(grad_output, input, weight, result, output_mask);
+  return linearAddReluBackward(a);
 }
 
 } // namespace
@@ -109,10 +95,5 @@ linearAddReluBackwardAutograd(
 
 TORCH_LIBRARY_IMPL(torchfuse, Autograd, m) {
   using namespace torchfuse::ops;
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_linear_add_relu"),
-      TORCH_FN(linearAddReluAutograd));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_linear_add_relu_backward"),
-      TORCH_FN(linearAddReluBackwardAutograd));
+  registerLinearAddRelu<linearAddReluAutograd, linearAddReluBackwardAutograd>(m);
 }

@@ -90,8 +90,5 @@ at::Tensor reluBackwardAutograd(
 
 TORCH_LIBRARY_IMPL(torchfuse, Autograd, m) {
   using namespace torchfuse::ops;
-  m.impl(TORCH_SELECTIVE_NAME("torchfuse::custom_relu"), TORCH_FN(reluAutograd));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_relu_backward"),
-      TORCH_FN(reluBackwardAutograd));
+  registerRelu<reluAutograd, nullptr, reluBackwardAutograd>(m);
 }

@@ -25,6 +25,10 @@ at::Tensor convolve(
   }
 }
 
+at::Tensor convolve(const ConvReluAddArgs& a) {
+  return convolve(a.input, a.weight, a.bias, a.stride, a.padding, a.dilation, a.groups);
+}
+
 namespace {
 
 std::vector<int64_t> expanded(at::IntArrayRef v, int64_t n) {
@@ -70,53 +74,31 @@ std::tuple<at::Tensor, at::Tensor> convReluAddEpilogueComposite(
           : at::Tensor()};
 }
 
-at::Tensor convReluAddComposite(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    const at::Tensor& other,
-    const at::Scalar& alpha) {
-  if (!convReluAddHandles(input, weight, bias, stride, padding, dilation, groups, other, alpha)) {
-    return convReluAddReference(
-        input, weight, bias, stride, padding, dilation, groups, other, alpha);
+namespace {
+
+// Checks a, then relu(conv) + alpha * other and, with_mask, the ReLU mask.
+std::tuple<at::Tensor, at::Tensor> checkedComposite(const ConvReluAddArgs& a, bool with_mask) {
+  checkConvReluAddInputs(a);
+  return convReluAddEpilogueComposite(convolve(a), a.input, a.weight, a.other, a.alpha, with_mask);
+}
+
+} // namespace
+
+at::Tensor convReluAddComposite(const ConvReluAddArgs& a) {
+  if (!convReluAddHandles(a)) {
+    return convReluAddReference(a);
   }
-  checkConvReluAddInputs(input, weight, bias, stride, padding, dilation, groups, other);
-  const auto conv = convolve(input, weight, bias, stride, padding, dilation, groups);
-  return std::get<0>(
-      convReluAddEpilogueComposite(conv, input, weight, other, alpha, /*with_mask=*/false));
+  return std::get<0>(checkedComposite(a, /*with_mask=*/false));
 }
 
-std::tuple<at::Tensor, at::Tensor> convReluAddForwardComposite(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    const at::Tensor& other,
-    const at::Scalar& alpha) {
-  checkConvReluAddInputs(input, weight, bias, stride, padding, dilation, groups, other);
-  const auto conv = convolve(input, weight, bias, stride, padding, dilation, groups);
-  return convReluAddEpilogueComposite(conv, input, weight, other, alpha, /*with_mask=*/true);
+std::tuple<at::Tensor, at::Tensor> convReluAddForwardComposite(const ConvReluAddArgs& a) {
+  return checkedComposite(a, /*with_mask=*/true);
 }
 
-ConvReluAddGrads convReluAddBackwardComposite(
-    const at::Tensor& grad_output,
-    const at::Tensor& mask,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    std::array<bool, 4> output_mask) {
-  const auto conv_sizes = checkConvReluAddBackwardInputs(
-      grad_output, mask, input, weight, stride, padding, dilation, groups);
+ConvReluAddGrads convReluAddBackwardComposite(const ConvReluAddBackwardArgs& a) {
+  const auto& [grad_output, mask, input, weight, stride, padding, dilation, groups, output_mask] =
+      a;
+  const auto conv_sizes = checkConvReluAddBackwardInputs(a);
   const bool batched = input.dim() == weight.dim();
   // `other` may broadcast the result beyond the conv output's shape.
   const auto dy = grad_output.sum_to_size(conv_sizes);

@@ -26,6 +26,8 @@ at::Tensor convolve(
     at::IntArrayRef padding,
     at::IntArrayRef dilation,
     int64_t groups);
+// a's convolution (bias included).
+at::Tensor convolve(const ConvReluAddArgs& a);
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolveBackward(
     const at::Tensor& grad,
     const at::Tensor& input,
@@ -50,42 +52,15 @@ std::tuple<at::Tensor, at::Tensor> convReluAddEpilogueComposite(
     const at::Scalar& alpha,
     bool with_mask);
 
-at::Tensor convReluAddComposite(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    const at::Tensor& other,
-    const at::Scalar& alpha);
+at::Tensor convReluAddComposite(const ConvReluAddArgs& a);
 
 // Also returns the ReLU mask of the conv output (convMaskBytes).
-std::tuple<at::Tensor, at::Tensor> convReluAddForwardComposite(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    const at::Tensor& other,
-    const at::Scalar& alpha);
+std::tuple<at::Tensor, at::Tensor> convReluAddForwardComposite(const ConvReluAddArgs& a);
 
 // grad_channels of a conv-output-shaped tensor: its sums over every
 // dimension but the channel one (1 when batched, else 0).
 at::Tensor convChannelSums(const at::Tensor& t, bool batched);
 
-ConvReluAddGrads convReluAddBackwardComposite(
-    const at::Tensor& grad_output,
-    const at::Tensor& mask,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    std::array<bool, 4> output_mask);
+ConvReluAddGrads convReluAddBackwardComposite(const ConvReluAddBackwardArgs& a);
 
 } // namespace torchfuse::ops

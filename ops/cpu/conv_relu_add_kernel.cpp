@@ -6,13 +6,6 @@
 
 TORCH_LIBRARY_IMPL(torchfuse, CPU, m) {
   using namespace torchfuse::ops;
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add"),
-      TORCH_FN(convReluAddComposite));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add_forward"),
-      TORCH_FN(convReluAddForwardComposite));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add_backward"),
-      TORCH_FN(convReluAddBackwardComposite));
+  registerConvReluAdd<
+      convReluAddComposite, convReluAddForwardComposite, convReluAddBackwardComposite>(m);
 }

@@ -6,13 +6,8 @@
 
 namespace torchfuse::ops {
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-linearAddReluBackwardComposite(
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const at::Tensor& result,
-    std::array<bool, 3> output_mask) {
+LinearAddReluGrads linearAddReluBackwardComposite(const LinearAddReluBackwardArgs& a) {
+  const auto& [grad_output, input, weight, result, output_mask] = a;
   const int64_t in_features = weight.size(1);
   const int64_t out_features = weight.size(0);
   // threshold_backward's rule: the gradient passes where !(result <= 0).
@@ -44,10 +39,5 @@ linearAddReluBackwardComposite(
 TORCH_LIBRARY_IMPL(torchfuse, CPU, m) {
   using namespace torchfuse::ops;
   // NB: on the CPU the kernel is the original chain itself, for every input.
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_linear_add_relu"),
-      TORCH_FN(linearAddReluReference));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_linear_add_relu_backward"),
-      TORCH_FN(linearAddReluBackwardComposite));
+  registerLinearAddRelu<linearAddReluReference, linearAddReluBackwardComposite>(m);
 }

@@ -26,11 +26,5 @@ at::Tensor reluBackwardComposite(
 TORCH_LIBRARY_IMPL(torchfuse, CPU, m) {
   using namespace torchfuse::ops;
   // NB: on the CPU the kernel is aten::relu itself, for every input.
-  m.impl(TORCH_SELECTIVE_NAME("torchfuse::custom_relu"), TORCH_FN(reluReference));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_relu_forward_mask"),
-      TORCH_FN(reluForwardMaskComposite));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_relu_backward"),
-      TORCH_FN(reluBackwardComposite));
+  registerRelu<reluReference, reluForwardMaskComposite, reluBackwardComposite>(m);
 }

@@ -28,30 +28,15 @@ namespace {
 
 using namespace conv_cuda;
 
-std::tuple<at::Tensor, at::Tensor> forwardCuda(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    const at::Tensor& other,
-    const at::Scalar& alpha,
-    bool with_mask) {
-  const auto sizes =
-      checkConvReluAddInputs(input, weight, bias, stride, padding, dilation, groups, other);
+std::tuple<at::Tensor, at::Tensor> forwardCuda(const ConvReluAddArgs& a, bool with_mask) {
+  const auto& [input, weight, bias, stride, padding, dilation, groups, other, alpha] = a;
+  const auto sizes = checkConvReluAddInputs(a);
   const ConvProblem p{input, weight, stride, padding, dilation, groups, sizes};
   const auto plan = planForward(p, bias, with_mask);
   switch (plan.strategy) {
     case ForwardStrategy::kComposite:
-      return with_mask
-          ? convReluAddForwardComposite(
-                input, weight, bias, stride, padding, dilation, groups, other, alpha)
-          : std::make_tuple(
-                convReluAddComposite(
-                    input, weight, bias, stride, padding, dilation, groups, other, alpha),
-                at::Tensor());
+      return with_mask ? convReluAddForwardComposite(a)
+                       : std::make_tuple(convReluAddComposite(a), at::Tensor());
     case ForwardStrategy::kDirect:
       return {forwardDirect(p, bias, other, alpha, *plan.direct), at::Tensor()};
     case ForwardStrategy::kImplicitGemm:
@@ -65,57 +50,28 @@ std::tuple<at::Tensor, at::Tensor> forwardCuda(
   return forwardCudnnThenEpilogue(p, bias, other, alpha, with_mask);
 }
 
-at::Tensor convReluAddCuda(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    const at::Tensor& other,
-    const at::Scalar& alpha) {
-  if (!convReluAddHandles(input, weight, bias, stride, padding, dilation, groups, other, alpha)) {
-    return convReluAddReference(input, weight, bias, stride, padding, dilation, groups, other, alpha);
+at::Tensor convReluAddCuda(const ConvReluAddArgs& a) {
+  if (!convReluAddHandles(a)) {
+    return convReluAddReference(a);
   }
-  return std::get<0>(forwardCuda(
-      input, weight, bias, stride, padding, dilation, groups, other, alpha, /*with_mask=*/false));
+  return std::get<0>(forwardCuda(a, /*with_mask=*/false));
 }
 
-std::tuple<at::Tensor, at::Tensor> convReluAddForwardCuda(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    const at::Tensor& other,
-    const at::Scalar& alpha) {
-  return forwardCuda(
-      input, weight, bias, stride, padding, dilation, groups, other, alpha, /*with_mask=*/true);
+std::tuple<at::Tensor, at::Tensor> convReluAddForwardCuda(const ConvReluAddArgs& a) {
+  return forwardCuda(a, /*with_mask=*/true);
 }
 
-ConvReluAddGrads convReluAddBackwardCuda(
-    const at::Tensor& grad_output,
-    const at::Tensor& mask,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    std::array<bool, 4> output_mask) {
-  const auto sizes = checkConvReluAddBackwardInputs(
-      grad_output, mask, input, weight, stride, padding, dilation, groups);
+ConvReluAddGrads convReluAddBackwardCuda(const ConvReluAddBackwardArgs& a) {
+  const auto& [grad_output, mask, input, weight, stride, padding, dilation, groups, output_mask] =
+      a;
+  const auto sizes = checkConvReluAddBackwardInputs(a);
   // `other` may broadcast the result beyond the conv output's shape.
   auto dy = grad_output.sizes() == at::IntArrayRef(sizes) ? grad_output
                                                            : grad_output.sum_to_size(sizes);
   const ConvProblem p{input, weight, stride, padding, dilation, groups, sizes};
   const auto plan = planBackward(p, dy, mask, output_mask);
   if (plan.strategy == BackwardStrategy::kComposite) {
-    return convReluAddBackwardComposite(
-        grad_output, mask, input, weight, stride, padding, dilation, groups, output_mask);
+    return convReluAddBackwardComposite(a);
   }
   c10::cuda::CUDAGuard guard(input.device());
   const auto* mask_ptr = reinterpret_cast<const uint32_t*>(mask.data_ptr<uint8_t>());
@@ -130,11 +86,5 @@ ConvReluAddGrads convReluAddBackwardCuda(
 
 TORCH_LIBRARY_IMPL(torchfuse, CUDA, m) {
   using namespace torchfuse::ops;
-  m.impl(TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add"), TORCH_FN(convReluAddCuda));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add_forward"),
-      TORCH_FN(convReluAddForwardCuda));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add_backward"),
-      TORCH_FN(convReluAddBackwardCuda));
+  registerConvReluAdd<convReluAddCuda, convReluAddForwardCuda, convReluAddBackwardCuda>(m);
 }

@@ -148,15 +148,11 @@ struct LinearProblem {
   }
 };
 
-at::Tensor linearAddReluCuda(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& other,
-    const at::Scalar& alpha) {
-  if (!linearAddReluHandles(input, weight, bias, other, alpha)) {
-    return linearAddReluReference(input, weight, bias, other, alpha);
+at::Tensor linearAddReluCuda(const LinearAddReluArgs& a) {
+  if (!linearAddReluHandles(a)) {
+    return linearAddReluReference(a);
   }
+  const auto& [input, weight, bias, other, alpha] = a;
   const bool has_bias = bias.has_value() && bias->defined();
   const LinearProblem p(input, weight);
   const int64_t m = p.m, n = p.n, k = p.k;
@@ -169,7 +165,7 @@ at::Tensor linearAddReluCuda(
       // `other` would not reach the output as 0 * other does in eager.
       (fold || (full && alpha.toDouble() != 0.0));
   if (!fast) {
-    return linearAddReluReference(input, weight, bias, other, alpha);
+    return linearAddReluReference(a);
   }
 
   c10::cuda::CUDAGuard guard(input.device());
@@ -225,7 +221,7 @@ at::Tensor linearAddReluCuda(
   const auto ctx = gemmContext(*p.dtype);
   if (!kernels::linearForward(ctx, f)) {
     // No algorithm for this problem: nothing was launched.
-    return linearAddReluReference(input, weight, bias, other, alpha);
+    return linearAddReluReference(a);
   }
   // In place: every element is read, then written, by the same thread.
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, y.scalar_type(), "custom_linear_add_relu", [&] {
@@ -240,13 +236,8 @@ at::Tensor linearAddReluCuda(
 // launches than the faster GEMM saves.
 constexpr double kTransposeMinVolume = 1 << 30;
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-linearAddReluBackwardCuda(
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const at::Tensor& result,
-    std::array<bool, 3> output_mask) {
+LinearAddReluGrads linearAddReluBackwardCuda(const LinearAddReluBackwardArgs& a) {
+  const auto& [grad_output, input, weight, result, output_mask] = a;
   const LinearProblem p(input, weight);
   const int64_t m = p.m, n = p.n, k = p.k;
   const bool fast = p.gemmable(input, weight) &&
@@ -254,7 +245,7 @@ linearAddReluBackwardCuda(
       result.scalar_type() == input.scalar_type() &&
       grad_output.sizes() == at::IntArrayRef(p.sizes) && result.sizes() == grad_output.sizes();
   if (!fast) {
-    return linearAddReluBackwardComposite(grad_output, input, weight, result, output_mask);
+    return linearAddReluBackwardComposite(a);
   }
 
   c10::cuda::CUDAGuard guard(input.device());
@@ -332,10 +323,5 @@ linearAddReluBackwardCuda(
 
 TORCH_LIBRARY_IMPL(torchfuse, CUDA, m) {
   using namespace torchfuse::ops;
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_linear_add_relu"),
-      TORCH_FN(linearAddReluCuda));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_linear_add_relu_backward"),
-      TORCH_FN(linearAddReluBackwardCuda));
+  registerLinearAddRelu<linearAddReluCuda, linearAddReluBackwardCuda>(m);
 }

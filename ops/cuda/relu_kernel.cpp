@@ -142,11 +142,5 @@ at::Tensor reluBackwardCuda(
 
 TORCH_LIBRARY_IMPL(torchfuse, CUDA, m) {
   using namespace torchfuse::ops;
-  m.impl(TORCH_SELECTIVE_NAME("torchfuse::custom_relu"), TORCH_FN(reluCuda));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_relu_forward_mask"),
-      TORCH_FN(reluForwardMaskCuda));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_relu_backward"),
-      TORCH_FN(reluBackwardCuda));
+  registerRelu<reluCuda, reluForwardMaskCuda, reluBackwardCuda>(m);
 }

@@ -14,17 +14,10 @@ int64_t at1(at::IntArrayRef v, int64_t i) {
 
 // The conv output, in symbolic sizes where the input has them, in the memory
 // format eager's convolution gives.
-at::Tensor convOutputMeta(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    const at::Tensor& other) {
+at::Tensor convOutputMeta(const ConvReluAddArgs& a) {
+  const auto& [input, weight, bias, stride, padding, dilation, groups, other, alpha] = a;
   if (!anySymbolic({input, weight, orUndefined(bias), other})) {
-    checkConvReluAddInputs(input, weight, bias, stride, padding, dilation, groups, other);
+    checkConvReluAddInputs(a);
   }
   const bool batched = input.dim() == weight.dim();
   std::vector<c10::SymInt> sizes;
@@ -43,69 +36,40 @@ at::Tensor convOutputMeta(
   return at::empty_symint(sizes, input.options().memory_format(format));
 }
 
-at::Tensor convReluAddMeta(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    const at::Tensor& other,
-    const at::Scalar& alpha) {
-  const auto conv = convOutputMeta(
-      input, weight, bias, stride, padding, dilation, groups, other);
-  return at::add(conv, other, alpha);
+at::Tensor convReluAddMeta(const ConvReluAddArgs& a) {
+  return at::add(convOutputMeta(a), a.other, a.alpha);
 }
 
-std::tuple<at::Tensor, at::Tensor> convReluAddForwardMeta(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    const at::Tensor& other,
-    const at::Scalar& alpha) {
-  const auto conv = convOutputMeta(
-      input, weight, bias, stride, padding, dilation, groups, other);
-  const bool batched = input.dim() == weight.dim();
+std::tuple<at::Tensor, at::Tensor> convReluAddForwardMeta(const ConvReluAddArgs& a) {
+  const auto conv = convOutputMeta(a);
+  const bool batched = a.input.dim() == a.weight.dim();
   const c10::SymInt images = batched ? conv.sym_size(0) : c10::SymInt(1);
   c10::SymInt positions = 1;
   for (int64_t d = batched ? 2 : 1; d < conv.dim(); ++d) {
     positions = positions * conv.sym_size(d);
   }
+  const auto order = convMaskOrder(a.input, a.weight);
   return {
-      at::add(conv, other, alpha),
+      at::add(conv, a.other, a.alpha),
       at::empty_symint(
-          {convMaskBytes(images, weight.sym_size(0), positions, convMaskOrder(input, weight))},
-          input.options().dtype(at::kByte))};
+          {convMaskBytes(images, a.weight.sym_size(0), positions, order)},
+          a.input.options().dtype(at::kByte))};
 }
 
-ConvReluAddGrads convReluAddBackwardMeta(
-    const at::Tensor& grad_output,
-    const at::Tensor& mask,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    std::array<bool, 4> output_mask) {
+ConvReluAddGrads convReluAddBackwardMeta(const ConvReluAddBackwardArgs& a) {
   // NB: the CPU and CUDA kernels' checks, mask included.
-  if (!anySymbolic({grad_output, mask, input, weight})) {
-    checkConvReluAddBackwardInputs(
-        grad_output, mask, input, weight, stride, padding, dilation, groups);
+  if (!anySymbolic({a.grad_output, a.mask, a.input, a.weight})) {
+    checkConvReluAddBackwardInputs(a);
   } else {
-    checkConvReluAddBackwardMaskType(mask);
+    checkConvReluAddBackwardMaskType(a.mask);
   }
+  const auto& mask = a.output_mask;
+  const auto channels = a.weight.sym_size(0);
   return {
-      output_mask[0] ? at::empty_like(input) : at::Tensor(),
-      output_mask[1] ? at::empty_like(weight) : at::Tensor(),
-      output_mask[2] ? at::empty_symint({weight.sym_size(0)}, weight.options()) : at::Tensor(),
-      output_mask[3] ? at::empty_symint({weight.sym_size(0)}, grad_output.options())
-                     : at::Tensor()};
+      mask[0] ? at::empty_like(a.input) : at::Tensor(),
+      mask[1] ? at::empty_like(a.weight) : at::Tensor(),
+      mask[2] ? at::empty_symint({channels}, a.weight.options()) : at::Tensor(),
+      mask[3] ? at::empty_symint({channels}, a.grad_output.options()) : at::Tensor()};
 }
 
 } // namespace
@@ -113,13 +77,5 @@ ConvReluAddGrads convReluAddBackwardMeta(
 
 TORCH_LIBRARY_IMPL(torchfuse, Meta, m) {
   using namespace torchfuse::ops;
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add"),
-      TORCH_FN(convReluAddMeta));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add_forward"),
-      TORCH_FN(convReluAddForwardMeta));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_conv_relu_add_backward"),
-      TORCH_FN(convReluAddBackwardMeta));
+  registerConvReluAdd<convReluAddMeta, convReluAddForwardMeta, convReluAddBackwardMeta>(m);
 }

@@ -10,30 +10,21 @@ namespace {
 
 // NB: the shape rules of linear, add and relu are ATen's own meta functions,
 // so the composition itself runs on meta tensors.
-at::Tensor linearAddReluMeta(
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const std::optional<at::Tensor>& bias,
-    const at::Tensor& other,
-    const at::Scalar& alpha) {
-  if (!anySymbolic({input, weight, orUndefined(bias), other})) {
-    checkLinearAddReluInputs(input, weight, bias, other);
+at::Tensor linearAddReluMeta(const LinearAddReluArgs& a) {
+  if (!anySymbolic({a.input, a.weight, orUndefined(a.bias), a.other})) {
+    checkLinearAddReluInputs(a);
   }
-  return at::relu(at::add(at::linear(input, weight, bias), other, alpha));
+  return at::relu(at::add(at::linear(a.input, a.weight, a.bias), a.other, a.alpha));
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-linearAddReluBackwardMeta(
-    const at::Tensor& grad_output,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    const at::Tensor& result,
-    std::array<bool, 3> output_mask) {
+LinearAddReluGrads linearAddReluBackwardMeta(const LinearAddReluBackwardArgs& a) {
+  const auto& mask = a.output_mask;
+  constexpr auto contiguous = at::MemoryFormat::Contiguous;
   return {
-      output_mask[0] ? at::empty_like(input, at::MemoryFormat::Contiguous) : at::Tensor(),
-      output_mask[1] ? at::empty_like(weight, at::MemoryFormat::Contiguous) : at::Tensor(),
-      output_mask[2] ? at::empty_symint({weight.sym_size(0)}, grad_output.options()) : at::Tensor(),
-      at::empty_like(grad_output)};
+      mask[0] ? at::empty_like(a.input, contiguous) : at::Tensor(),
+      mask[1] ? at::empty_like(a.weight, contiguous) : at::Tensor(),
+      mask[2] ? at::empty_symint({a.weight.sym_size(0)}, a.grad_output.options()) : at::Tensor(),
+      at::empty_like(a.grad_output)};
 }
 
 } // namespace
@@ -41,10 +32,5 @@ linearAddReluBackwardMeta(
 
 TORCH_LIBRARY_IMPL(torchfuse, Meta, m) {
   using namespace torchfuse::ops;
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_linear_add_relu"),
-      TORCH_FN(linearAddReluMeta));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_linear_add_relu_backward"),
-      TORCH_FN(linearAddReluBackwardMeta));
+  registerLinearAddRelu<linearAddReluMeta, linearAddReluBackwardMeta>(m);
 }

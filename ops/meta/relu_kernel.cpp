@@ -38,11 +38,5 @@ at::Tensor reluBackwardMeta(
 
 TORCH_LIBRARY_IMPL(torchfuse, Meta, m) {
   using namespace torchfuse::ops;
-  m.impl(TORCH_SELECTIVE_NAME("torchfuse::custom_relu"), TORCH_FN(reluMeta));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_relu_forward_mask"),
-      TORCH_FN(reluForwardMaskMeta));
-  m.impl(
-      TORCH_SELECTIVE_NAME("torchfuse::custom_relu_backward"),
-      TORCH_FN(reluBackwardMeta));
+  registerRelu<reluMeta, reluForwardMaskMeta, reluBackwardMeta>(m);
 }
