@@ -198,8 +198,14 @@ def test_conv_module_forms_match_the_original(case, mode):
     x = make_input(shape, form)
     run_both(original, optimized, [x, signed(*other_shape)], grad=mode == "train")
     other = signed(*other_shape)
+    # NB: the original under no_grad: under inference_mode TorchScript's own
+    # executor may raise once a profiled run built a differentiable graph
+    # (the parameters require grad), depending on how often the shared
+    # class's forward ran before.
+    with torch.no_grad():
+        want = original(x, other)
     with torch.inference_mode():
-        assert_same(optimized(x, other), original(x, other), "inference_mode output")
+        assert_same(optimized(x, other), want, "inference_mode output")
 
 
 @pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta state")
@@ -297,8 +303,14 @@ def test_bn_module_forms_match_the_original(case, mode):
         for name in ("running_mean", "running_var"):
             assert_same(getattr(optimized, name), getattr(original, name), name)
     other = signed(*other_shape)
+    # NB: the original under no_grad: under inference_mode TorchScript's own
+    # executor may raise once a profiled run built a differentiable graph
+    # (the parameters require grad), depending on how often the shared
+    # class's forward ran before.
+    with torch.no_grad():
+        want = original(x, other)
     with torch.inference_mode():
-        assert_same(optimized(x, other), original(x, other), "inference_mode output")
+        assert_same(optimized(x, other), want, "inference_mode output")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -327,8 +339,10 @@ def test_bn_sparse_other_runs_as_the_original(mode):
     original, optimized = optimized_pair(BnSwish(), mode, "custom_batch_norm_add_div_swish")
     x, other = signed(4, 3, 5), signed(4, 3, 5).to_sparse()
     run_both(original, optimized, [x, other], grad=mode == "train")
+    with torch.no_grad():
+        want = original(x, other)  # NB: as in test_bn_module_forms_match_the_original
     with torch.inference_mode():
-        assert_same(optimized(x, other), original(x, other))
+        assert_same(optimized(x, other), want)
 
 
 @pytest.mark.parametrize("mode", MODES)
