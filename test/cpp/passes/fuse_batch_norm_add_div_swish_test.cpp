@@ -173,35 +173,22 @@ TEST(FuseBatchNormAddDivSwish, MatchesTheUnfusedGraphNumericallyIncludingRunning
 }
 
 TEST(FuseBatchNormAddDivSwish, RecursesIntoIfAndLoopBodies) {
-  auto graph = parse(R"IR(
+  const std::string ir = R"IR(
 graph(%c : bool, %n : int, %x : Tensor, %rm : Tensor, %rv : Tensor, %d : float):
   %one : int = prim::Constant[value=1]()
   %true : bool = prim::Constant[value=1]()
   %none : NoneType = prim::Constant()
   %m : float = prim::Constant[value=0.1]()
-  %out : Tensor = prim::If(%c)
-    block0():
-      %y : Tensor = aten::batch_norm(%x, %none, %none, %rm, %rv, %c, %m, %m, %true)
-      %s : Tensor = aten::add(%y, %x, %one)
-      %t : Tensor = aten::div(%s, %d)
-      %o : Tensor = aten::silu(%t)
-      -> (%o)
-    block1():
-      %lo : Tensor = prim::Loop(%n, %true, %x)
-        block0(%i : int, %h : Tensor):
-          %y2 : Tensor = aten::batch_norm(%h, %none, %none, %rm, %rv, %c, %m, %m, %true)
-          %s2 : Tensor = aten::add(%y2, %h, %one)
-          %t2 : Tensor = aten::div(%s2, %d)
-          %g2 : Tensor = aten::sigmoid(%t2)
-          %o2 : Tensor = aten::mul(%t2, %g2)
-          -> (%true, %o2)
-      -> (%lo)
-  return (%out))IR");
-  EXPECT_EQ(FuseBatchNormAddDivSwish(graph), 2);
-  graph->lint();
-  FileCheck().check("prim::If")->check("torchfuse::custom_batch_norm_add_div_swish")
-      ->check("prim::Loop")->check("torchfuse::custom_batch_norm_add_div_swish")
-      ->check_not("aten::batch_norm")->run(*graph);
+)IR" +
+      ifTail({"%y : Tensor = aten::batch_norm(%x, %none, %none, %rm, %rv, %c, %m, %m, %true)",
+              "%s : Tensor = aten::add(%y, %x, %one)", "%t : Tensor = aten::div(%s, %d)",
+              "%o : Tensor = aten::silu(%t)"},
+             loop(
+                 {"%y2 : Tensor = aten::batch_norm(%h, %none, %none, %rm, %rv, %c, %m, %m, %true)",
+                  "%s2 : Tensor = aten::add(%y2, %h, %one)", "%t2 : Tensor = aten::div(%s2, %d)",
+                  "%g2 : Tensor = aten::sigmoid(%t2)", "%o2 : Tensor = aten::mul(%t2, %g2)"}),
+             "%lo");
+  expectFusedInIfAndLoop(ir, run, "torchfuse::custom_batch_norm_add_div_swish", "aten::batch_norm");
 }
 
 TEST(FuseBatchNormAddDivSwish, SkipsReturnedIntermediates) {  // hasSingleUse
@@ -231,22 +218,19 @@ graph(%x : Tensor, %b : Tensor, %rm : Tensor, %rv : Tensor, %n : int, %d : float
 }
 
 TEST(FuseBatchNormAddDivSwish, SkipsChainsSpanningBlocks) {  // inSameBlock
-  expectUnchanged(R"IR(
+  expectUnchanged(
+      R"IR(
 graph(%c : bool, %x : Tensor, %rm : Tensor, %rv : Tensor, %d : float):
   %one : int = prim::Constant[value=1]()
   %true : bool = prim::Constant[value=1]()
   %none : NoneType = prim::Constant()
   %m : float = prim::Constant[value=0.1]()
   %y : Tensor = aten::batch_norm(%x, %none, %none, %rm, %rv, %c, %m, %m, %true)
-  %out : Tensor = prim::If(%c)
-    block0():
-      %s : Tensor = aten::add(%y, %x, %one)
-      %t : Tensor = aten::div(%s, %d)
-      %o : Tensor = aten::silu(%t)
-      -> (%o)
-    block1():
-      -> (%x)
-  return (%out))IR", run);
+)IR" +
+          ifTail(
+              {"%s : Tensor = aten::add(%y, %x, %one)", "%t : Tensor = aten::div(%s, %d)",
+               "%o : Tensor = aten::silu(%t)"}),
+      run);
 }
 
 } // namespace

@@ -88,31 +88,19 @@ TEST(FuseConvReluAdd, PassesAlphaThatScalesOther) {
 }
 
 TEST(FuseConvReluAdd, RecursesIntoIfAndLoopBodies) {
-  auto graph = parse(R"IR(
+  const std::string ir = R"IR(
 graph(%c : bool, %n : int, %x : Tensor, %w : Tensor, %b : Tensor):
   %one : int = prim::Constant[value=1]()
   %true : bool = prim::Constant[value=1]()
   %l : int[] = prim::ListConstruct(%one, %one)
-  %out : Tensor = prim::If(%c)
-    block0():
-      %y : Tensor = aten::conv2d(%x, %w, %b, %l, %l, %l, %one)
-      %r : Tensor = aten::relu(%y)
-      %o : Tensor = aten::add(%r, %x, %one)
-      -> (%o)
-    block1():
-      %lo : Tensor = prim::Loop(%n, %true, %x)
-        block0(%i : int, %h : Tensor):
-          %y2 : Tensor = aten::conv2d(%h, %w, %b, %l, %l, %l, %one)
-          %r2 : Tensor = aten::relu(%y2)
-          %o2 : Tensor = aten::add(%r2, %h, %one)
-          -> (%true, %o2)
-      -> (%lo)
-  return (%out))IR");
-  EXPECT_EQ(FuseConvReluAdd(graph), 2);
-  graph->lint();
-  FileCheck().check("prim::If")->check("torchfuse::custom_conv_relu_add")
-      ->check("prim::Loop")->check("torchfuse::custom_conv_relu_add")
-      ->check_not("aten::conv2d")->run(*graph);
+)IR" +
+      ifTail({"%y : Tensor = aten::conv2d(%x, %w, %b, %l, %l, %l, %one)",
+              "%r : Tensor = aten::relu(%y)", "%o : Tensor = aten::add(%r, %x, %one)"},
+             loop(
+                 {"%y2 : Tensor = aten::conv2d(%h, %w, %b, %l, %l, %l, %one)",
+                  "%r2 : Tensor = aten::relu(%y2)", "%o2 : Tensor = aten::add(%r2, %h, %one)"}),
+             "%lo");
+  expectFusedInIfAndLoop(ir, run, "torchfuse::custom_conv_relu_add", "aten::conv2d");
 }
 
 TEST(FuseConvReluAdd, SkipsReturnedIntermediates) {  // hasSingleUse
@@ -121,19 +109,15 @@ TEST(FuseConvReluAdd, SkipsReturnedIntermediates) {  // hasSingleUse
 }
 
 TEST(FuseConvReluAdd, SkipsChainsSpanningBlocks) {  // inSameBlock
-  expectUnchanged(R"IR(
+  expectUnchanged(
+      R"IR(
 graph(%c : bool, %x : Tensor, %w : Tensor, %b : Tensor):
   %one : int = prim::Constant[value=1]()
   %l : int[] = prim::ListConstruct(%one, %one)
   %y : Tensor = aten::conv2d(%x, %w, %b, %l, %l, %l, %one)
   %r : Tensor = aten::relu(%y)
-  %out : Tensor = prim::If(%c)
-    block0():
-      %o : Tensor = aten::add(%r, %x, %one)
-      -> (%o)
-    block1():
-      -> (%x)
-  return (%out))IR", run);
+)IR" + ifTail({"%o : Tensor = aten::add(%r, %x, %one)"}),
+      run);
 }
 
 } // namespace

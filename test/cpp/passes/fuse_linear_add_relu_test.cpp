@@ -90,18 +90,14 @@ graph(%x : Tensor, %w : Tensor, %b : Tensor, %r : Tensor):
 }
 
 TEST(FuseLinearAddRelu, RecursesIntoIfBlocks) {
-  auto graph = parse(R"IR(
+  auto graph = parse(
+      R"IR(
 graph(%c : bool, %x : Tensor, %w : Tensor, %b : Tensor, %r : Tensor):
   %one : int = prim::Constant[value=1]()
-  %out : Tensor = prim::If(%c)
-    block0():
-      %y : Tensor = aten::linear(%x, %w, %b)
-      %s : Tensor = aten::add(%y, %r, %one)
-      %o : Tensor = aten::relu(%s)
-      -> (%o)
-    block1():
-      -> (%x)
-  return (%out))IR");
+)IR" +
+      ifTail(
+          {"%y : Tensor = aten::linear(%x, %w, %b)", "%s : Tensor = aten::add(%y, %r, %one)",
+           "%o : Tensor = aten::relu(%s)"}));
   EXPECT_EQ(FuseLinearAddRelu(graph), 1);
   graph->lint();
   FileCheck().check("prim::If")->check("torchfuse::custom_linear_add_relu")
@@ -127,18 +123,13 @@ graph(%n : int, %x : Tensor, %w : Tensor, %b : Tensor):
 }
 
 TEST(FuseLinearAddRelu, SkipsChainsSpanningBlocks) {  // inSameBlock
-  expectUnchanged(R"IR(
+  expectUnchanged(
+      R"IR(
 graph(%c : bool, %x : Tensor, %w : Tensor, %b : Tensor, %r : Tensor):
   %one : int = prim::Constant[value=1]()
   %y : Tensor = aten::linear(%x, %w, %b)
-  %out : Tensor = prim::If(%c)
-    block0():
-      %s : Tensor = aten::add(%y, %r, %one)
-      %o : Tensor = aten::relu(%s)
-      -> (%o)
-    block1():
-      -> (%x)
-  return (%out))IR", run);
+)IR" + ifTail({"%s : Tensor = aten::add(%y, %r, %one)", "%o : Tensor = aten::relu(%s)"}),
+      run);
 }
 
 } // namespace

@@ -36,6 +36,56 @@ void expectUnchanged(const std::string& ir, Pass pass) {
   torch::jit::testing::FileCheck().check_not("torchfuse::")->run(*graph);
 }
 
+// The tail of a graph's IR: `%out : Tensor = prim::If(%c)`, whose
+// then-block runs `then` (statements) and yields %o and whose else-block
+// runs `otherwise` and yields `yield`, then `return (%out)`.
+inline std::string ifTail(
+    const std::vector<std::string>& then,
+    const std::vector<std::string>& otherwise = {},
+    const std::string& yield = "%x") {
+  std::string ir = "  %out : Tensor = prim::If(%c)\n    block0():\n";
+  for (const auto& line : then) {
+    ir += "      " + line + "\n";
+  }
+  ir += "      -> (%o)\n    block1():\n";
+  for (const auto& line : otherwise) {
+    ir += "      " + line + "\n";
+  }
+  return ir + "      -> (" + yield + ")\n  return (%out)";
+}
+
+// `%lo : Tensor = prim::Loop(%n, %true, %x)`, whose body runs `body` on
+// %h and carries %o2: statements for ifTail's else-block.
+inline std::vector<std::string> loop(const std::vector<std::string>& body) {
+  std::vector<std::string> lines = {
+      "%lo : Tensor = prim::Loop(%n, %true, %x)", "  block0(%i : int, %h : Tensor):"};
+  for (const auto& line : body) {
+    lines.push_back("    " + line);
+  }
+  lines.push_back("    -> (%true, %o2)");
+  return lines;
+}
+
+// Runs `pass` on `ir` (a chain in each branch of ifTail(.., loop(..),
+// "%lo")) and checks that it fused both into `op` and left no `gone`.
+template <typename Pass>
+void expectFusedInIfAndLoop(
+    const std::string& ir,
+    Pass pass,
+    const std::string& op,
+    const std::string& gone) {
+  auto graph = parse(ir);
+  EXPECT_EQ(pass(graph), 2);
+  graph->lint();
+  FileCheck()
+      .check("prim::If")
+      ->check(op)
+      ->check("prim::Loop")
+      ->check(op)
+      ->check_not(gone)
+      ->run(*graph);
+}
+
 // Runs `pass` on `ir` and checks that it fused once into `op` and that none
 // of `gone` (the chain's node kinds) is left.
 template <typename Pass>
