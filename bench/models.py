@@ -658,13 +658,10 @@ def markdown_section(data: dict, png_rel: Optional[str] = None, level: int = 2) 
 
 
 def chart(data: dict, png: str) -> bool:
-    try:
-        import matplotlib
+    from report import pyplot, save_chart  # bench/report.py
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError as e:
-        print(f"models: no chart ({e})", file=sys.stderr)
+    plt = pyplot("models")
+    if plt is None:
         return False
     g = grouped(data)
     keys = [k for k, rows in g.items() if any((rows.get(v) or {}).get("vs_baseline", {}).get("speedup")
@@ -688,16 +685,9 @@ def chart(data: dict, png: str) -> bool:
     axm.set_xticklabels([f"{m}\n{mode}" for m, mode in keys], fontsize=7, rotation=45, ha="right")
     ax.set_ylabel("speedup of torchfuse (×)")
     axm.set_ylabel("peak memory ratio (×)", fontsize=8)
-    title = f"torchfuse vs the TorchScript module it replaces, {data.get('gpu')}, torch {data.get('torch')}"
-    if data.get("dry_run"):
-        title = "DRY RUN (CPU, not measurements): " + title
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(png)), exist_ok=True)
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
-    return True
+    return save_chart(
+        fig, ax, f"torchfuse vs the TorchScript module it replaces, {data.get('gpu')}, torch {data.get('torch')}", data,
+        png)
 
 
 def short_table(data: dict) -> str:

@@ -263,13 +263,22 @@ def markdown(data: dict, json_path: str, cmdline: str, png_rel: str = "performan
 
 # ------------------------------------------------------------------- chart ----
 
-def chart(data: dict, png: str) -> bool:
+def pyplot(who: str):
+    """matplotlib.pyplot on the Agg backend, or None, said on stderr for
+    `who`, where matplotlib is missing."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as e:
-        print(f"report: no chart ({e})", file=sys.stderr)
+        print(f"{who}: no chart ({e})", file=sys.stderr)
+        return None
+    return plt
+
+
+def chart(data: dict, png: str) -> bool:
+    plt = pyplot("report")
+    if plt is None:
         return False
     sp = speedups(data, index(data))
     if not sp:
@@ -286,7 +295,15 @@ def chart(data: dict, png: str) -> bool:
     ax.set_xticks(range(len(sp)))
     ax.set_xticklabels(labels, fontsize=7, rotation=30, ha="right")
     ax.set_ylabel("speedup of torchfuse (×)")
-    title = f"torchfuse speedups, {data.get('gpu')}, torch {data.get('torch')}, {data.get('commit')}"
+    return save_chart(fig, ax, f"torchfuse speedups, {data.get('gpu')}, torch {data.get('torch')}, {data.get('commit')}",
+                      data, png)
+
+
+def save_chart(fig, ax, title: str, data: dict, png: str) -> bool:
+    """Titles `ax` (a dry run's title says so), writes `fig` to `png` and
+    closes it; bench/models.py's chart ends the same way."""
+    import matplotlib.pyplot as plt
+
     if data.get("dry_run"):
         title = "DRY RUN (CPU, not measurements): " + title
     ax.set_title(title, fontsize=9)

@@ -14,6 +14,15 @@ def seed():
 
 
 @pytest.fixture
+def no_texpr_fuser():
+    """TorchScript's NNC fuser off for the test, and back as it was after."""
+    old = torch._C._jit_texpr_fuser_enabled()
+    torch._C._jit_set_texpr_fuser_enabled(False)
+    yield
+    torch._C._jit_set_texpr_fuser_enabled(old)
+
+
+@pytest.fixture
 def ops():
     """The torchfuse op namespace, ``torch.ops.torchfuse``."""
     return torch.ops.torchfuse

@@ -215,12 +215,17 @@ def _linear_inputs(case, dtype, gen):
     }
 
 
+def _check_chain(op, case, inputs, fused, eager, undecided, gen):
+    """check_against_eager of the op on `inputs`, with the gradients of the
+    tensors among x, w, b and other."""
+    grad = tuple(k for k in ("x", "w", "b", "other") if inputs[k] is not None)
+    check_against_eager(fused, eager, inputs, grad=grad, gen=gen, label=f"{op} {case}", relu_undecided=undecided)
+
+
 @pytest.mark.parametrize("case", list(LINEAR_CASES))
 def test_linear_add_relu(case, precision, gen):
-    inputs = _linear_inputs(case, precision, gen)
-    grad = tuple(k for k in ("x", "w", "b", "other") if inputs[k] is not None)
-    check_against_eager(_linear_fused, _linear_eager, inputs, grad=grad, gen=gen, label=f"linear_add_relu {case}",
-                        relu_undecided=_linear_undecided(precision))
+    _check_chain("linear_add_relu", case, _linear_inputs(case, precision, gen), _linear_fused, _linear_eager,
+                 _linear_undecided(precision), gen)
 
 
 # ------------------------------------------------------------------ conv ----
@@ -293,10 +298,8 @@ def _conv_inputs(case, dtype, gen):
 
 @pytest.mark.parametrize("case", list(CONV_CASES))
 def test_conv_relu_add(case, precision, gen):
-    inputs = _conv_inputs(case, precision, gen)
-    grad = tuple(k for k in ("x", "w", "b", "other") if inputs[k] is not None)
-    check_against_eager(_conv_fused, _conv_eager, inputs, grad=grad, gen=gen, label=f"conv_relu_add {case}",
-                        relu_undecided=_conv_undecided(precision))
+    _check_chain("conv_relu_add", case, _conv_inputs(case, precision, gen), _conv_fused, _conv_eager,
+                 _conv_undecided(precision), gen)
 
 
 @pytest.mark.parametrize("case", ["2d-basic", "2d-input-cl", "2d-weight-cl", "2d-stride-groups-cl"])

@@ -8,20 +8,16 @@ faults in the same programs still fail."""
 import os
 import sys
 
-import pytest
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 import fuzz_pass  # noqa: E402
+from fuzz.cases import case, keeps_meaning_test  # noqa: E402
 from fuzz import modes as fuzz_modes  # noqa: E402
 
 CASES = [
     # seed 20261124, program 23: a dead training-mode batch_norm (literal True) updates a buffer that an eval BatchNorm reads under another name: freeze_module drops it (AliasDb ignores batch_norm's writes when frozen); optimize(freeze=True) agrees with torch's own frozen original.
-    pytest.param(
-        """\
-class Program(nn.Module):
-    def __init__(self):
-        super().__init__()
+    case("frozen_training_bn_on_a_shared_buffer_dead", [[3, 4]], 23, {}, """\
         self.register_buffer("rm0", torch.zeros(4))
         self.register_buffer("rv1", torch.ones(4))
         self.p2 = nn.Parameter(torch.randn(4))
@@ -36,18 +32,9 @@ class Program(nn.Module):
         v13 = v12
         v23 = v13
         return v23
-""",
-        [[3, 4]],
-        23,
-        {},
-        id="frozen_training_bn_on_a_shared_buffer_dead",
-    ),
+"""),
     # seed 20261124, program 714: the same with a second name of the buffer (register_buffer of it).
-    pytest.param(
-        """\
-class Program(nn.Module):
-    def __init__(self):
-        super().__init__()
+    case("frozen_training_bn_statistic_folded", [[4, 2, 4, 4]], 714, {}, """\
         self.register_buffer("rm0", torch.zeros(2))
         self.register_buffer("rv1", torch.ones(2))
         self.p2 = nn.Parameter(torch.randn(2))
@@ -62,18 +49,9 @@ class Program(nn.Module):
         v13 = v12
         v14 = v13
         return v14
-""",
-        [[4, 2, 4, 4]],
-        714,
-        {},
-        id="frozen_training_bn_statistic_folded",
-    ),
+"""),
     # seed 20261124, program 9491: a training-mode batch_norm in an eval module whose statistics equal other constants: torch's frozen original and the optimized module differ from the original, each in its own way (not judged).
-    pytest.param(
-        """\
-class Program(nn.Module):
-    def __init__(self):
-        super().__init__()
+    case("frozen_training_bn_no_reference", [[4, 4, 6]], 9491, {}, """\
         self.bn0 = nn.BatchNorm1d(4)
         self.p21 = nn.Parameter(torch.randn(4))
         self.register_buffer("rm26", torch.zeros(4))
@@ -95,18 +73,9 @@ class Program(nn.Module):
             v14 = x0
         v38 = F.batch_norm(v14, self.rm35, self.rv27, self.p36, self.p37, False, 0.3, 1e-05)
         return v38
-""",
-        [[4, 4, 6]],
-        9491,
-        {},
-        id="frozen_training_bn_no_reference",
-    ),
+"""),
     # seed 20261124, program 3788: under autocast a bias gradient summed from bfloat16 terms that cancel: a bfloat16 ulp of the terms, within the backward's rounding spread.
-    pytest.param(
-        """\
-class Program(nn.Module):
-    def __init__(self):
-        super().__init__()
+    case("autocast_bias_gradient_rounding", [[3, 2, 6]], 3788, {}, """\
         self.fc1 = nn.Linear(6, 6, bias=True)
         self.p5 = nn.Parameter(torch.randn(5, 6))
         self.p6 = nn.Parameter(torch.randn(5))
@@ -126,18 +95,9 @@ class Program(nn.Module):
         v28 = v26
         v22 = v28
         return (v22, v0, v10,)
-""",
-        [[3, 2, 6]],
-        3788,
-        {},
-        id="autocast_bias_gradient_rounding",
-    ),
+"""),
     # seed 20261124, program 5795: under autocast a bias gradient of bfloat16 products of the loss weights.
-    pytest.param(
-        """\
-class Program(nn.Module):
-    def __init__(self):
-        super().__init__()
+    case("autocast_bias_gradient_of_weights", [[4, 3]], 5795, {}, """\
         self.fc0 = nn.Linear(3, 6, bias=False)
         self.p2 = nn.Parameter(torch.randn(4, 6))
         self.p9 = nn.Parameter(torch.randn(1, 1))
@@ -159,18 +119,9 @@ class Program(nn.Module):
         v23 = v21
         v24 = v23
         return (v24, v7, v14,)
-""",
-        [[4, 3]],
-        5795,
-        {},
-        id="autocast_bias_gradient_of_weights",
-    ),
+"""),
     # seed 20261124, program 2047: a fused eval-mode BN chain's running_var, written after it by a training BatchNorm that shares it: the chain stays unfused.
-    pytest.param(
-        """\
-class Program(nn.Module):
-    def __init__(self):
-        super().__init__()
+    case("running_var_written_under_another_name", [[4, 3, 5, 4], [4], [4, 3, 5, 4]], 2047, {}, """\
         self.register_buffer("rm0", torch.zeros(3))
         self.register_buffer("rv1", torch.ones(3))
         self.p2 = nn.Parameter(torch.randn(3))
@@ -186,19 +137,10 @@ class Program(nn.Module):
         v17 = v8
         v18 = v17
         return v18
-""",
-        [[4, 3, 5, 4], [4], [4, 3, 5, 4]],
-        2047,
-        {},
-        id="running_var_written_under_another_name",
-    ),
+"""),
     # seed 20261124, program 1532: eager's eval-mode batch_norm double backward with weight=None gives
     # half the bias's second derivative; the fused op gives the one central differences show.
-    pytest.param(
-        """\
-class Program(nn.Module):
-    def __init__(self):
-        super().__init__()
+    case("double_backward_original_wrong", [[3, 6]], 1532, {}, """\
         self.p0 = nn.Parameter(torch.randn(3, 6))
         self.nb1 = None
         self.bn9 = nn.BatchNorm1d(3, momentum=0.5)
@@ -215,18 +157,10 @@ class Program(nn.Module):
         v18 = v17 / -1.5
         v19 = F.silu(v18)
         return v19
-""",
-        [[3, 6]],
-        1532,
-        {},
-        id="double_backward_original_wrong",
-    ),
+"""),
 ]
 
-
-@pytest.mark.parametrize("source,input_shapes,seed,fused", CASES)
-def test_optimize_keeps_meaning(source, input_shapes, seed, fused):
-    fuzz_pass.assert_keeps_meaning(source, input_shapes, seed, fused)
+test_optimize_keeps_meaning = keeps_meaning_test(CASES)
 
 
 def _source(case_id):

@@ -10,40 +10,25 @@ module."""
 import os
 import sys
 
-import pytest
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
-import fuzz_pass  # noqa: E402
+from fuzz.cases import case, keeps_meaning_test  # noqa: E402
 
 CASES = [
     # freeze_module clones in place: a buffer the forward writes stayed shared
     # between the frozen result and the caller's module, so running one
     # changed the other (found as a double add_ per step).
-    pytest.param(
-        """\
-class Program(nn.Module):
-    def __init__(self):
-        super().__init__()
+    case("frozen_result_shared_written_buffer", [[3, 2, 5, 5]], 12, {}, """\
         self.register_buffer("b0", torch.randn(2, 5, 5))
     def forward(self, x0):
         self.b0.add_(0.1)
         v1 = x0 + self.b0
         return v1
-""",
-        [[3, 2, 5, 5]],
-        12,
-        {},
-        id="frozen_result_shared_written_buffer",
-    ),
+"""),
     # Under torch.jit.optimized_execution(False) (the fuzzer's setting)
     # Inline left the calls inside submodules: freeze_module then raised
     # "Couldn't find method: '_check_input_dim'", and the unfrozen pipeline
     # fused nothing inside nn.BatchNorm1d.
-    pytest.param(
-        """\
-class Program(nn.Module):
-    def __init__(self):
-        super().__init__()
+    case("optimize_without_executor_optimization", [[4, 3]], 0, {"batch_norm_add_div_swish": 4}, """\
         self.bn0 = nn.BatchNorm1d(3)
         self.p2 = nn.Parameter(torch.randn(3))
     def forward(self, x0):
@@ -51,21 +36,12 @@ class Program(nn.Module):
         v2 = v1 + self.p2
         v3 = v2 / 2.0
         return F.silu(v3)
-""",
-        [[4, 3]],
-        0,
-        {"batch_norm_add_div_swish": 4},
-        id="optimize_without_executor_optimization",
-    ),
+"""),
     # custom_batch_norm_add_div_swish saves `other` (and the BN bias) to
     # recompute t in its backward; the unfused chain saves neither, so an
     # in-place write to `other` after the chain made only the optimized
     # module's backward raise "modified by an inplace operation".
-    pytest.param(
-        """\
-class Program(nn.Module):
-    def __init__(self):
-        super().__init__()
+    case("bn_other_written_after_chain", [[4, 6], [4, 6]], 202, {"batch_norm_add_div_swish": 0}, """\
         self.register_buffer("rm0", torch.zeros(6))
         self.register_buffer("rv1", torch.ones(6))
         self.p2 = nn.Parameter(torch.randn(6))
@@ -78,20 +54,11 @@ class Program(nn.Module):
         v7 = F.silu(v6)
         x0.sub_(self.p8)
         return v7
-""",
-        [[4, 6], [4, 6]],
-        202,
-        {"batch_norm_add_div_swish": 0},
-        id="bn_other_written_after_chain",
-    ),
+"""),
     # AliasDb lets a loop-carried input alias only the loop's initial value:
     # the second iteration's add_ writes v2, but once inlining showed v1 to
     # be a fresh conv output, dead-code elimination dropped the add_.
-    pytest.param(
-        """\
-class Program(nn.Module):
-    def __init__(self):
-        super().__init__()
+    case("loop_carried_write_dropped", [[4, 3, 4, 5]], 1565, {"relu": 4}, """\
         self.conv0 = nn.Conv2d(3, 6, 1, stride=1, padding=0, dilation=1, groups=3, bias=True)
         self.register_buffer("b5", torch.randn(4, 6, 4, 5))
         self.conv8 = nn.Conv2d(6, 6, 3, stride=1, padding=1, dilation=1, groups=1, bias=True)
@@ -102,22 +69,13 @@ class Program(nn.Module):
             v1.add_(self.b5)
             v1 = v2
         return self.conv8(v1)
-""",
-        [[4, 3, 4, 5]],
-        1565,
-        {"relu": 4},
-        id="loop_carried_write_dropped",
-    ),
+"""),
     # Not a rewrite bug: the float64 gradient of x0 through x0 / x0 is zero
     # but for rounding, amplified by a BatchNorm of the constant v0.  The
     # modules differ by 1.16e-10 (bound 1e-10), as the original does under
     # 12% of its perturbed runs; the first 3 runs can all miss that, so the
     # spread check takes more runs before failing.
-    pytest.param(
-        """\
-class Program(nn.Module):
-    def __init__(self):
-        super().__init__()
+    case("rounding_spread_needs_more_runs", [[3, 3, 4, 4]], 1586, {"batch_norm_add_div_swish": 4, "relu": 4}, """\
         self.bn1 = nn.BatchNorm2d(3)
         self.p3 = nn.Parameter(torch.randn(3, 3, 4, 4))
         self.k5 = 0.5
@@ -135,23 +93,14 @@ class Program(nn.Module):
         v15 = v14 + 2.0
         v16 = torch.relu(v15)
         return (v16, v14,)
-""",
-        [[3, 3, 4, 4]],
-        1586,
-        {"batch_norm_add_div_swish": 4, "relu": 4},
-        id="rounding_spread_needs_more_runs",
-    ),
+"""),
     # aten::batch_norm updates running statistics without bumping their
     # version counters; the fused op bumped them, so an eval-mode batch_norm
     # that saved the same buffers for its backward raised "modified by an
     # inplace operation" where the original ran (found through the
     # save/load round trip, seed 11 program 1142, where saving merges equal
     # frozen statistics; here the buffers are shared in the source).
-    pytest.param(
-        """\
-class Program(nn.Module):
-    def __init__(self):
-        super().__init__()
+    case("running_stats_version_bumped", [[4, 2, 6]], 147, {"batch_norm_add_div_swish": 4}, """\
         self.register_buffer("rm", torch.zeros(2))
         self.register_buffer("rv", torch.ones(2))
         self.fc = nn.Linear(6, 6)
@@ -160,22 +109,13 @@ class Program(nn.Module):
         v30 = F.batch_norm(self.fc(x0), self.rm, self.rv, None, None, True, 0.1, 1e-05)
         v32 = (v30 + v9) / 0.25
         return v32 * torch.sigmoid(v32)
-""",
-        [[4, 2, 6]],
-        147,
-        {"batch_norm_add_div_swish": 4},
-        id="running_stats_version_bumped",
-    ),
+"""),
     # An infinite gradient (v15 / v6 with zeros in v6) reaching the swish:
     # autograd through `t * sigmoid(t)` sums g*s + ((g*t)*(1-s))*s, NaN
     # (inf - inf) where t < 0, while the fused op took silu's one product,
     # +-inf, and the BN weight and bias gradients differed (seed 11 program
     # 356).  The pass now tells the op which spelling it replaced.
-    pytest.param(
-        """\
-class Program(nn.Module):
-    def __init__(self):
-        super().__init__()
+    case("swish_product_with_infinite_gradient", [[3, 5]], 356, {"batch_norm_add_div_swish": 4, "relu": 4}, """\
         self.register_buffer("rm", torch.zeros(5))
         self.register_buffer("rv", torch.ones(5))
         self.w = nn.Parameter(torch.randn(5))
@@ -186,15 +126,7 @@ class Program(nn.Module):
         v14 = (v6 + v11) / 2.5
         v15 = v14 * torch.sigmoid(v14)
         return v15 / v6
-""",
-        [[3, 5]],
-        356,
-        {"batch_norm_add_div_swish": 4, "relu": 4},
-        id="swish_product_with_infinite_gradient",
-    ),
+"""),
 ]
 
-
-@pytest.mark.parametrize("source,input_shapes,seed,fused", CASES)
-def test_optimize_keeps_meaning(source, input_shapes, seed, fused):
-    fuzz_pass.assert_keeps_meaning(source, input_shapes, seed, fused)
+test_optimize_keeps_meaning = keeps_meaning_test(CASES)

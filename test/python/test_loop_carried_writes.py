@@ -21,6 +21,8 @@ import torchfuse
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
 import fuzz_pass  # noqa: E402
+from fuzz.cases import HEADER  # noqa: E402
+from test_fuzz_regressions import CASES as REGRESSIONS  # noqa: E402
 
 # NB: count(2) is a call that the executor's preoptimization folds to 2, and
 # whose folding runs its dead-code elimination; make() hides the conv from
@@ -36,53 +38,40 @@ def make(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 """
 
-# v1 is an argument of the function, produced by a conv in forward.
-LOOP_ON_ARGUMENT = HELPERS + """\
-def loop(v1: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    v2 = torch.relu(v1)
-    for _ in range(count(2)):
-        v1.add_(b)
-        v1 = v2
-    return v1 * 3.0
 
-class Program(nn.Module):
-    def __init__(self):
-        super().__init__()
+def _loop(head: str = "", count: str = "count(2)", scale: str = "3.0", indent: str = "    ") -> str:
+    """`head` (v1's producer, if any) and the loop whose second iteration
+    writes v2 through v1, returning v1 * `scale`: a function's body."""
+    lines = [head] * bool(head) + ["v2 = torch.relu(v1)", f"for _ in range({count}):", "    v1.add_(b)", "    v1 = v2",
+             f"return v1 * {scale}"]
+    return "".join(indent + line + "\n" for line in lines)
+
+
+# A conv's weight and a buffer for the loop to add.
+WEIGHT_AND_BUFFER = """\
+        self.w = nn.Parameter(torch.randn(3, 3, 1, 1))
+        self.register_buffer("b", torch.randn(2, 3, 4, 4))
+"""
+
+
+def _program(members: str, returns: str) -> str:
+    return HEADER + members + "    def forward(self, x):\n        return " + returns + "\n"
+
+
+# v1 is an argument of the function, produced by a conv in forward.
+LOOP_ON_ARGUMENT = HELPERS + "def loop(v1: torch.Tensor, b: torch.Tensor) -> torch.Tensor:\n" + _loop() + "\n" + _program("""\
         self.conv = nn.Conv2d(3, 3, 1)
         self.register_buffer("b", torch.randn(2, 3, 4, 4))
-    def forward(self, x):
-        return loop(self.conv(x), self.b)
-"""
+""", "loop(self.conv(x), self.b)")
 
 # v1 is produced inside the function, by a call to another function.
 LOOP_ON_CALL_RESULT = HELPERS + """\
 def loop(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    v1 = make(x, w)
-    v2 = torch.relu(v1)
-    for _ in range(count(2)):
-        v1.add_(b)
-        v1 = v2
-    return v1 * 3.0
-
-class Program(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = nn.Parameter(torch.randn(3, 3, 1, 1))
-        self.register_buffer("b", torch.randn(2, 3, 4, 4))
-    def forward(self, x):
-        return loop(x, self.w, self.b)
-"""
+""" + _loop("v1 = make(x, w)") + "\n" + _program(WEIGHT_AND_BUFFER, "loop(x, self.w, self.b)")
 
 # The same function, called from a submodule's forward.
-LOOP_IN_SUBMODULE = LOOP_ON_CALL_RESULT.replace("class Program", "class Inner") + """\
-
-class Program(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.inner = Inner()
-    def forward(self, x):
-        return self.inner(x) + 1.0
-"""
+LOOP_IN_SUBMODULE = LOOP_ON_CALL_RESULT.replace("class Program", "class Inner") + "\n" + _program(
+    "        self.inner = Inner()\n", "self.inner(x) + 1.0")
 
 # The same loop in a method of a TorchScript class (not a module) that
 # forward instantiates: a class's methods are shared and their optimized
@@ -94,48 +83,35 @@ class Looper:
         self.scale = scale
 
     def loop(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        v1 = make(x, w)
-        v2 = torch.relu(v1)
-        for _ in range(count(2)):
-            v1.add_(b)
-            v1 = v2
-        return v1 * self.scale
-
-class Program(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = nn.Parameter(torch.randn(3, 3, 1, 1))
-        self.register_buffer("b", torch.randn(2, 3, 4, 4))
-    def forward(self, x):
-        return Looper(3.0).loop(x, self.w, self.b)
-"""
+""" + _loop("v1 = make(x, w)", scale="self.scale", indent="        ") + "\n" + _program(
+    WEIGHT_AND_BUFFER, "Looper(3.0).loop(x, self.w, self.b)")
 
 # v1 is produced inside the function by a visible conv: torch.jit.script
 # itself drops the write (TorchScript's compiler), and optimize keeps what
 # the scripted function computes.
 LOOP_ON_VISIBLE_PRODUCER = HELPERS + """\
 def loop(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    v1 = F.conv2d(x, w)
-    v2 = torch.relu(v1)
-    for _ in range(2):
-        v1.add_(b)
-        v1 = v2
-    return v1 * 3.0
-
-class Program(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = nn.Parameter(torch.randn(3, 3, 1, 1))
-        self.register_buffer("b", torch.randn(2, 3, 4, 4))
-    def forward(self, x):
-        return loop(x, self.w, self.b)
-"""
+""" + _loop("v1 = F.conv2d(x, w)", count="2") + "\n" + _program(WEIGHT_AND_BUFFER, "loop(x, self.w, self.b)")
 
 
 def _model(source: str, freeze: bool) -> torch.nn.Module:
     torch.manual_seed(0)
     model = fuzz_pass.load_class(source)().double()
     return model.eval() if freeze else model
+
+
+def _optimized(source: str, freeze: bool, shape):
+    """An input of `shape`, the eager output of `source`'s model on it, the
+    model scripted and the module optimize makes of it (both without the
+    executor's optimization)."""
+    model = _model(source, freeze)
+    x = torch.randn(*shape, dtype=torch.float64)
+    with torch.no_grad():
+        eager = model(x.clone())
+    with torch.jit.optimized_execution(False):
+        scripted = torch.jit.script(model)
+        optimized = torchfuse.optimize(scripted, freeze=freeze)
+    return x, eager, scripted, optimized
 
 
 @pytest.mark.parametrize("freeze", [False, True], ids=["train", "frozen"])
@@ -150,15 +126,10 @@ def _model(source: str, freeze: bool) -> torch.nn.Module:
     ],
 )
 def test_keeps_writes_to_loop_carried_tensors_in_free_functions(source, scripted_keeps_write, freeze):
-    model = _model(source, freeze)
-    x = torch.randn(2, 3, 4, 4, dtype=torch.float64)
-    with torch.no_grad():
-        eager = model(x.clone())
     # NB: the original runs after optimize: optimize must not leave an
     # optimized graph of the shared function behind for it either.
+    x, eager, scripted, optimized = _optimized(source, freeze, (2, 3, 4, 4))
     with torch.jit.optimized_execution(False):
-        scripted = torch.jit.script(model)
-        optimized = torchfuse.optimize(scripted, freeze=freeze)
         want = scripted(x.clone())
         got = optimized(x.clone())
     torch.testing.assert_close(got, want)
@@ -168,22 +139,9 @@ def test_keeps_writes_to_loop_carried_tensors_in_free_functions(source, scripted
         assert not torch.allclose(want, eager)
 
 
-# The fuzzer's program (seed 4, program 1565) whose write optimize dropped.
-SEED_4_PROGRAM_1565 = """\
-class Program(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv0 = nn.Conv2d(3, 6, 1, stride=1, padding=0, dilation=1, groups=3, bias=True)
-        self.register_buffer("b5", torch.randn(4, 6, 4, 5))
-        self.conv8 = nn.Conv2d(6, 6, 3, stride=1, padding=1, dilation=1, groups=1, bias=True)
-    def forward(self, x0):
-        v1 = self.conv0(x0)
-        v2 = torch.relu(v1)
-        for _ in range(2):
-            v1.add_(self.b5)
-            v1 = v2
-        return self.conv8(v1)
-"""
+# The fuzzer's program (seed 4, program 1565) whose write optimize dropped,
+# a case of test_fuzz_regressions.py.
+SEED_4_PROGRAM_1565 = next(c.values[0] for c in REGRESSIONS if c.id == "loop_carried_write_dropped")
 
 
 def _save_and_load(module: torch.jit.ScriptModule) -> torch.jit.ScriptModule:
@@ -199,13 +157,8 @@ def test_loaded_optimized_module_keeps_writes_to_loop_carried_tensors(freeze, gr
     """Loading compiles the saved code again; its dead-code elimination
     would drop the write in the inlined forward, so optimize leaves the
     slot's guard in a persistent form (`[returned, received][0]`)."""
-    model = _model(SEED_4_PROGRAM_1565, freeze)
-    x = torch.randn(4, 3, 4, 5, dtype=torch.float64)
-    with torch.no_grad():
-        eager = model(x.clone())
+    x, eager, scripted, optimized = _optimized(SEED_4_PROGRAM_1565, freeze, (4, 3, 4, 5))
     with torch.jit.optimized_execution(False):
-        scripted = torch.jit.script(model)
-        optimized = torchfuse.optimize(scripted, freeze=freeze)
         loaded = _save_and_load(optimized)
         assert "print" not in loaded.code
         with torch.set_grad_enabled(grad):
@@ -223,13 +176,7 @@ def test_optimizing_executor_drops_writes_to_loop_carried_tensors(freeze, grad):
     the unfrozen optimized module alike (its list peephole folds the
     guard).  freeze_module unrolls the constant loop: the frozen module's
     write is no longer loop-carried and stays."""
-    model = _model(SEED_4_PROGRAM_1565, freeze)
-    x = torch.randn(4, 3, 4, 5, dtype=torch.float64)
-    with torch.no_grad():
-        eager = model(x.clone())
-    with torch.jit.optimized_execution(False):
-        scripted = torch.jit.script(model)
-        optimized = torchfuse.optimize(scripted, freeze=freeze)
+    x, eager, scripted, optimized = _optimized(SEED_4_PROGRAM_1565, freeze, (4, 3, 4, 5))
     # NB: fresh loads: nothing has run, so no executor caches a plan.
     modules = [_save_and_load(scripted), _save_and_load(optimized)]
     with torch.jit.optimized_execution(True), torch.set_grad_enabled(grad):

@@ -19,12 +19,7 @@ import torchfuse
 DTYPES = [torch.float32, torch.float64]
 
 
-@pytest.fixture(autouse=True)
-def _no_texpr_fuser():
-    old = torch._C._jit_texpr_fuser_enabled()
-    torch._C._jit_set_texpr_fuser_enabled(False)
-    yield
-    torch._C._jit_set_texpr_fuser_enabled(old)
+pytestmark = pytest.mark.usefixtures("no_texpr_fuser")
 
 
 # ---- models, one per pattern variant ----------------------------------------

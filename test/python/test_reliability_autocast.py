@@ -28,12 +28,7 @@ LOWP = [torch.bfloat16, torch.float16]
 _fresh = itertools.count()
 
 
-@pytest.fixture(autouse=True)
-def _no_texpr_fuser():
-    old = torch._C._jit_texpr_fuser_enabled()
-    torch._C._jit_set_texpr_fuser_enabled(False)
-    yield
-    torch._C._jit_set_texpr_fuser_enabled(old)
+pytestmark = pytest.mark.usefixtures("no_texpr_fuser")
 
 
 # ---- models: each chain, with `other` (and the input) arriving in the lower

@@ -19,10 +19,12 @@ REGRESSION_TEMPLATE = '''\
 test/python/test_fuzz_regressions.py once the bug is fixed."""
 
 import os
+import sys
+
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), {tools_dir!r}))
-import fuzz_pass  # noqa: E402
+from fuzz.cases import keeps_meaning_test  # noqa: E402
 
 CASES = [
     pytest.param(
@@ -34,10 +36,7 @@ CASES = [
     ),
 ]
 
-
-@pytest.mark.parametrize("source,input_shapes,seed,fused", CASES)
-def test_optimize_keeps_meaning(source, input_shapes, seed, fused):
-    fuzz_pass.assert_keeps_meaning(source, input_shapes, seed, fused)
+test_optimize_keeps_meaning = keeps_meaning_test(CASES)
 '''
 
 
@@ -46,7 +45,7 @@ def emit_regression(directory: str, prog: Program, seed: int, index: int) -> str
     generator seed `seed`; its check seed is `index`, as in run()."""
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"test_fuzz_seed{seed}_program{index}.py")
-    # NB: the directory of tools/fuzz_pass.py, which the file imports.
+    # NB: tools/, the directory of the fuzz package, which the file imports.
     tools_dir = os.path.relpath(TOOLS_DIR, os.path.abspath(directory))
     source = '        """\\\n' + prog.source() + '"""'
     text = REGRESSION_TEMPLATE.format(

@@ -11,13 +11,7 @@
 
 namespace {
 
-using torchfuse::test::expectClose;
-using torchfuse::test::expectDoubleBackwardMatchesReference;
-using torchfuse::test::expectMatchesReference;
-using torchfuse::test::expectThrowsWith;
-using torchfuse::test::randPositive;
-using torchfuse::test::randSigned;
-using torchfuse::test::testDtypes;
+using namespace torchfuse::test;
 
 constexpr int64_t kC = 3;
 constexpr double kEps = 1e-5;

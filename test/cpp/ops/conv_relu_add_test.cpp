@@ -8,12 +8,7 @@
 
 namespace {
 
-using torchfuse::test::expectClose;
-using torchfuse::test::expectDoubleBackwardMatchesReference;
-using torchfuse::test::expectMatchesReference;
-using torchfuse::test::expectThrowsWith;
-using torchfuse::test::randSigned;
-using torchfuse::test::testDtypes;
+using namespace torchfuse::test;
 
 enum class OtherForm { PerChannel, ScalarLike, Full };
 

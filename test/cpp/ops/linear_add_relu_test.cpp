@@ -9,11 +9,7 @@
 
 namespace {
 
-using torchfuse::test::expectClose;
-using torchfuse::test::expectMatchesReference;
-using torchfuse::test::expectThrowsWith;
-using torchfuse::test::randSigned;
-using torchfuse::test::testDtypes;
+using namespace torchfuse::test;
 
 constexpr int64_t kIn = 6;
 constexpr int64_t kOut = 5;

@@ -14,11 +14,7 @@
 
 namespace {
 
-using torchfuse::test::expectClose;
-using torchfuse::test::expectMatchesReference;
-using torchfuse::test::expectThrowsWith;
-using torchfuse::test::randSigned;
-using torchfuse::test::testDtypes;
+using namespace torchfuse::test;
 
 std::tuple<at::Tensor, at::Tensor> forwardMask(const at::Tensor& x) {
   static auto op = c10::Dispatcher::singleton()

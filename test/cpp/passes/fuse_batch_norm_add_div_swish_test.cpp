@@ -4,11 +4,7 @@
 namespace torchfuse::passes {
 namespace {
 
-using testing::expectClose;
-using testing::expectUnchanged;
-using testing::parse;
-using testing::runGraph;
-using torch::jit::testing::FileCheck;
+using namespace testing;
 
 int64_t run(std::shared_ptr<torch::jit::Graph>& g) {
   return FuseBatchNormAddDivSwish(g);
@@ -42,37 +38,82 @@ graph(%x : Tensor, %w : Tensor, %b : Tensor, %rm : Tensor, %rv : Tensor, %other 
   return ()IR" + c.ret + ")";
 }
 
-void replaceOnce(std::string& text, const std::string& from, const std::string& to) {
-  const auto pos = text.find(from);
-  ASSERT_NE(pos, std::string::npos) << from;
-  text.replace(pos, from.size(), to);
+void expectFused(
+    const std::string& text,
+    const std::string& op = "torchfuse::custom_batch_norm_add_div_swish(") {
+  testing::expectFused(
+      text, run, op, {"aten::batch_norm", "aten::sigmoid", "aten::mul", "aten::silu", "aten::div"});
 }
 
-void expectFused(const Chain& c, const std::string& op = "torchfuse::custom_batch_norm_add_div_swish(") {
-  auto graph = parse(ir(c));
-  EXPECT_EQ(FuseBatchNormAddDivSwish(graph), 1);
-  graph->lint();
-  FileCheck().check(op)->check_not("aten::batch_norm")->check_not("aten::sigmoid")
-      ->check_not("aten::mul")->check_not("aten::silu")->check_not("aten::div")
-      ->run(*graph);
-}
+// ir(Chain{}) and its variants; a negative one names the filter it tests.
+const Variant kVariants[] = {
+    {"FusesTrainingFlagAsValue", true, {}},
+    {"FusesBatchNormAsSecondOperand", true, {{"add(%y, %other", "add(%other, %y"}}},
+    // addPromotes: add_ keeps the batch_norm output's dtype, the op promotes.
+    {"LeavesInPlaceAddOnTheBatchNormOutput", false, {{"add(", "add_("}}},
+    {"SkipsNoneRunningStats",
+     false,
+     {{"%rm, %rv, %training", "%none, %none, %training"}}}, // runningStatsPresent
+    {"SkipsAlphaOtherThanOne",
+     false,
+     {{"add(%y, %other, %one)", "add(%y, %other, %d)"}}},                        // alphaIsOne
+    {"SkipsScalarAdd", false, {{"add(%y, %other, %one)", "add(%y, %d, %one)"}}}, // isTensorAdd
+    {"SkipsTensorDivisor", false, {{"div(%s, %d)", "div(%s, %other)"}}},         // isScalarDivisor
+    {"SkipsRoundingModeDivision",                                                // isScalarDivisor
+     false,
+     {{"%d : float", "%d : float, %mode : str"}, {"div(%s, %d)", "div(%s, %d, %mode)"}}},
+    {"SkipsConstantZeroDivisor", // divisorIsNonZero
+     false,
+     {{"div(%s, %d)", "div(%s, %zero)"},
+      {"  %one", "  %zero : float = prim::Constant[value=0.]()\n  %one"}}},
+    {"SkipsSigmoidOfAnotherValue", false, {{"sigmoid(%t)", "sigmoid(%other)"}}}, // swish shape
+    {"LeavesInPlaceAddOnLiveTensor",
+     false,
+     {{"add(%y, %other", "add_(%other, %y"}}}, // notInPlaceOnLiveTensor
+    {"SkipsWhenRunningStatsAreReadInBetween",  // noInterveningAccess
+     false,
+     {{"div(%s, %d)", "div(%s, %d)\n  %peek : Tensor = aten::mul(%rm, %one)"},
+      {"return (%o)", "return (%o, %peek)"}}},
+    {"SkipsWhenAnInputIsWrittenInBetween", // noInterveningWrites
+     false,
+     {{"%rv, %training", "%rv, %false"},
+      {"div(%s, %d)", "div(%s, %d)\n  %z : Tensor = aten::mul_(%other, %one)"}}},
+    // notWrittenAfter: the op saves `other` for its backward; the unfused
+    // chain does not.
+    {"SkipsWhenOtherIsWrittenAfterTheChain",
+     false,
+     {{"mul(%t, %sg)", "mul(%t, %sg)\n  %z : Tensor = aten::mul_(%other, %one)"}}},
+    // notWrittenAfter: the eval-mode op reads the running statistics in its
+    // backward.
+    {"SkipsWhenARunningStatisticIsWrittenAfterTheChain",
+     false,
+     {{"mul(%t, %sg)", "mul(%t, %sg)\n  %z : Tensor = aten::mul_(%rv, %one)"}}},
+    {"FusesWhenAnotherInputIsWrittenAfterTheChain",
+     true,
+     {{"%d : float", "%d : float, %u : Tensor"},
+      {"mul(%t, %sg)", "mul(%t, %sg)\n  %z : Tensor = aten::relu_(%u)"}}},
+};
 
-TEST(FuseBatchNormAddDivSwish, FusesTrainingFlagAsValue) {
-  expectFused(Chain{});
-}
+TORCHFUSE_VARIANT_TESTS(
+    FuseBatchNormAddDivSwish,
+    BatchNormAddDivSwishVariant,
+    kVariants,
+    ir(Chain{}),
+    run,
+    expectFused);
 
 TEST(FuseBatchNormAddDivSwish, FusesConstantFalseIntoTheEvalOp) {
   Chain c;
   c.training = "%false";
-  expectFused(c, "torchfuse::custom_batch_norm_add_div_swish_eval(%x, %w, %b, %rm, %rv, ");
+  expectFused(ir(c), "torchfuse::custom_batch_norm_add_div_swish_eval(%x, %w, %b, %rm, %rv, ");
 }
 
 TEST(FuseBatchNormAddDivSwish, FusesSigmoidFirstAndSilu) {
   Chain c;
   c.swish = "%sg : Tensor = aten::sigmoid(%t)\n  %o : Tensor = aten::mul(%sg, %t)";
-  expectFused(c);
+  expectFused(ir(c));
   c.swish = "%o : Tensor = aten::silu(%t)";
-  expectFused(c);
+  expectFused(ir(c));
 }
 
 // The op differentiates the swish as autograd does the spelling it replaced
@@ -101,26 +142,11 @@ TEST(FuseBatchNormAddDivSwish, PassesTheSwishSpellingToTheOp) {
   }
 }
 
-TEST(FuseBatchNormAddDivSwish, FusesBatchNormAsSecondOperand) {
-  Chain c;
-  c.add = "aten::add(%other, %y, %one)";
-  expectFused(c);
-}
-
-// addPromotes: add_ keeps the batch_norm output's dtype, the op promotes.
-TEST(FuseBatchNormAddDivSwish, LeavesInPlaceAddOnTheBatchNormOutput) {
-  Chain c;
-  c.add = "aten::add_(%y, %other, %one)";
-  expectUnchanged(ir(c), run);
-}
-
 TEST(FuseBatchNormAddDivSwish, FusesNoneWeightAndBiasAndIntDivisor) {
-  Chain c;
-  c.stats = "%rm, %rv";
-  auto text = ir(c);
-  replaceOnce(text, "batch_norm(%x, %w, %b", "batch_norm(%x, %none, %none");
-  replaceOnce(text, "aten::div(%s, %d)", "aten::div(%s, %one)");
-  auto graph = parse(text);
+  auto graph = parse(edit(
+      ir(Chain{}),
+      {{"batch_norm(%x, %w, %b", "batch_norm(%x, %none, %none"},
+       {"aten::div(%s, %d)", "aten::div(%s, %one)"}}));
   EXPECT_EQ(FuseBatchNormAddDivSwish(graph), 1);
   FileCheck().check("prim::Constant()")->check("custom_batch_norm_add_div_swish(%x, ")
       ->check(", %rm, %rv, %training, ")->check(", %other, ")->run(*graph);
@@ -147,82 +173,22 @@ TEST(FuseBatchNormAddDivSwish, MatchesTheUnfusedGraphNumericallyIncludingRunning
 }
 
 TEST(FuseBatchNormAddDivSwish, RecursesIntoIfAndLoopBodies) {
-  auto graph = parse(R"IR(
+  const std::string ir = R"IR(
 graph(%c : bool, %n : int, %x : Tensor, %rm : Tensor, %rv : Tensor, %d : float):
   %one : int = prim::Constant[value=1]()
   %true : bool = prim::Constant[value=1]()
   %none : NoneType = prim::Constant()
   %m : float = prim::Constant[value=0.1]()
-  %out : Tensor = prim::If(%c)
-    block0():
-      %y : Tensor = aten::batch_norm(%x, %none, %none, %rm, %rv, %c, %m, %m, %true)
-      %s : Tensor = aten::add(%y, %x, %one)
-      %t : Tensor = aten::div(%s, %d)
-      %o : Tensor = aten::silu(%t)
-      -> (%o)
-    block1():
-      %lo : Tensor = prim::Loop(%n, %true, %x)
-        block0(%i : int, %h : Tensor):
-          %y2 : Tensor = aten::batch_norm(%h, %none, %none, %rm, %rv, %c, %m, %m, %true)
-          %s2 : Tensor = aten::add(%y2, %h, %one)
-          %t2 : Tensor = aten::div(%s2, %d)
-          %g2 : Tensor = aten::sigmoid(%t2)
-          %o2 : Tensor = aten::mul(%t2, %g2)
-          -> (%true, %o2)
-      -> (%lo)
-  return (%out))IR");
-  EXPECT_EQ(FuseBatchNormAddDivSwish(graph), 2);
-  graph->lint();
-  FileCheck().check("prim::If")->check("torchfuse::custom_batch_norm_add_div_swish")
-      ->check("prim::Loop")->check("torchfuse::custom_batch_norm_add_div_swish")
-      ->check_not("aten::batch_norm")->run(*graph);
-}
-
-// ---- one negative test per filter ----
-
-TEST(FuseBatchNormAddDivSwish, SkipsNoneRunningStats) {  // runningStatsPresent
-  Chain c;
-  c.stats = "%none, %none";
-  expectUnchanged(ir(c), run);
-}
-
-TEST(FuseBatchNormAddDivSwish, SkipsAlphaOtherThanOne) {  // alphaIsOne
-  Chain c;
-  c.add = "aten::add(%y, %other, %d)";
-  expectUnchanged(ir(c), run);
-}
-
-TEST(FuseBatchNormAddDivSwish, SkipsScalarAdd) {  // isTensorAdd
-  Chain c;
-  c.add = "aten::add(%y, %d, %one)";
-  expectUnchanged(ir(c), run);
-}
-
-TEST(FuseBatchNormAddDivSwish, SkipsTensorDivisor) {  // isScalarDivisor
-  Chain c;
-  c.div = "aten::div(%s, %other)";
-  expectUnchanged(ir(c), run);
-}
-
-TEST(FuseBatchNormAddDivSwish, SkipsRoundingModeDivision) {  // isScalarDivisor
-  Chain c;
-  c.extra_inputs = ", %mode : str";
-  c.div = "aten::div(%s, %d, %mode)";
-  expectUnchanged(ir(c), run);
-}
-
-TEST(FuseBatchNormAddDivSwish, SkipsConstantZeroDivisor) {  // divisorIsNonZero
-  Chain c;
-  c.div = "aten::div(%s, %zero)";
-  auto text = ir(c);
-  replaceOnce(text, "  %one", "  %zero : float = prim::Constant[value=0.]()\n  %one");
-  expectUnchanged(text, run);
-}
-
-TEST(FuseBatchNormAddDivSwish, SkipsSigmoidOfAnotherValue) {  // swish shape
-  Chain c;
-  c.swish = "%sg : Tensor = aten::sigmoid(%other)\n  %o : Tensor = aten::mul(%t, %sg)";
-  expectUnchanged(ir(c), run);
+)IR" +
+      ifTail({"%y : Tensor = aten::batch_norm(%x, %none, %none, %rm, %rv, %c, %m, %m, %true)",
+              "%s : Tensor = aten::add(%y, %x, %one)", "%t : Tensor = aten::div(%s, %d)",
+              "%o : Tensor = aten::silu(%t)"},
+             loop(
+                 {"%y2 : Tensor = aten::batch_norm(%h, %none, %none, %rm, %rv, %c, %m, %m, %true)",
+                  "%s2 : Tensor = aten::add(%y2, %h, %one)", "%t2 : Tensor = aten::div(%s2, %d)",
+                  "%g2 : Tensor = aten::sigmoid(%t2)", "%o2 : Tensor = aten::mul(%t2, %g2)"}),
+             "%lo");
+  expectFusedInIfAndLoop(ir, run, "torchfuse::custom_batch_norm_add_div_swish", "aten::batch_norm");
 }
 
 TEST(FuseBatchNormAddDivSwish, SkipsReturnedIntermediates) {  // hasSingleUse
@@ -231,40 +197,6 @@ TEST(FuseBatchNormAddDivSwish, SkipsReturnedIntermediates) {  // hasSingleUse
     c.ret = ret;
     expectUnchanged(ir(c), run);
   }
-}
-
-TEST(FuseBatchNormAddDivSwish, LeavesInPlaceAddOnLiveTensor) {  // notInPlaceOnLiveTensor
-  Chain c;
-  c.add = "aten::add_(%other, %y, %one)";
-  expectUnchanged(ir(c), run);
-}
-
-TEST(FuseBatchNormAddDivSwish, SkipsWhenRunningStatsAreReadInBetween) {  // noInterveningAccess
-  Chain c;
-  c.div = "aten::div(%s, %d)\n  %peek : Tensor = aten::mul(%rm, %one)";
-  c.ret = "%o, %peek";
-  expectUnchanged(ir(c), run);
-}
-
-TEST(FuseBatchNormAddDivSwish, SkipsWhenAnInputIsWrittenInBetween) {  // noInterveningWrites
-  Chain c;
-  c.training = "%false";
-  c.div = "aten::div(%s, %d)\n  %z : Tensor = aten::mul_(%other, %one)";
-  expectUnchanged(ir(c), run);
-}
-
-TEST(FuseBatchNormAddDivSwish, SkipsWhenOtherIsWrittenAfterTheChain) {  // notWrittenAfter
-  // The op saves `other` for its backward; the unfused chain does not.
-  Chain c;
-  c.swish += "\n  %z : Tensor = aten::mul_(%other, %one)";
-  expectUnchanged(ir(c), run);
-}
-
-TEST(FuseBatchNormAddDivSwish, SkipsWhenARunningStatisticIsWrittenAfterTheChain) {  // notWrittenAfter
-  // The eval-mode op reads the running statistics in its backward.
-  Chain c;
-  c.swish += "\n  %z : Tensor = aten::mul_(%rv, %one)";
-  expectUnchanged(ir(c), run);
 }
 
 TEST(FuseBatchNormAddDivSwish, SkipsWhenBiasIsWrittenInALaterIteration) {  // notWrittenAfter
@@ -285,30 +217,20 @@ graph(%x : Tensor, %b : Tensor, %rm : Tensor, %rv : Tensor, %n : int, %d : float
   return (%out))IR", run);
 }
 
-TEST(FuseBatchNormAddDivSwish, FusesWhenAnotherInputIsWrittenAfterTheChain) {
-  Chain c;
-  c.extra_inputs = ", %u : Tensor";
-  c.swish += "\n  %z : Tensor = aten::relu_(%u)";
-  expectFused(c);
-}
-
 TEST(FuseBatchNormAddDivSwish, SkipsChainsSpanningBlocks) {  // inSameBlock
-  expectUnchanged(R"IR(
+  expectUnchanged(
+      R"IR(
 graph(%c : bool, %x : Tensor, %rm : Tensor, %rv : Tensor, %d : float):
   %one : int = prim::Constant[value=1]()
   %true : bool = prim::Constant[value=1]()
   %none : NoneType = prim::Constant()
   %m : float = prim::Constant[value=0.1]()
   %y : Tensor = aten::batch_norm(%x, %none, %none, %rm, %rv, %c, %m, %m, %true)
-  %out : Tensor = prim::If(%c)
-    block0():
-      %s : Tensor = aten::add(%y, %x, %one)
-      %t : Tensor = aten::div(%s, %d)
-      %o : Tensor = aten::silu(%t)
-      -> (%o)
-    block1():
-      -> (%x)
-  return (%out))IR", run);
+)IR" +
+          ifTail(
+              {"%s : Tensor = aten::add(%y, %x, %one)", "%t : Tensor = aten::div(%s, %d)",
+               "%o : Tensor = aten::silu(%t)"}),
+      run);
 }
 
 } // namespace

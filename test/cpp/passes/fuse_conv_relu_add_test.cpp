@@ -4,11 +4,7 @@
 namespace torchfuse::passes {
 namespace {
 
-using testing::expectClose;
-using testing::expectUnchanged;
-using testing::parse;
-using testing::runGraph;
-using torch::jit::testing::FileCheck;
+using namespace testing;
 
 int64_t run(std::shared_ptr<torch::jit::Graph>& g) {
   return FuseConvReluAdd(g);
@@ -34,16 +30,41 @@ graph(%x : Tensor, %w : Tensor, %b : Tensor, %other : Tensor):
 }
 
 void expectFused(const std::string& ir) {
-  auto graph = parse(ir);
-  EXPECT_EQ(FuseConvReluAdd(graph), 1);
-  graph->lint();
-  FileCheck().check("torchfuse::custom_conv_relu_add")->check_not("aten::conv")
-      ->check_not("aten::relu")->check_not("aten::add")->run(*graph);
+  testing::expectFused(
+      ir, run, "torchfuse::custom_conv_relu_add", {"aten::conv", "aten::relu", "aten::add"});
 }
 
-TEST(FuseConvReluAdd, FusesConv2d) {
-  expectFused(chain());
-}
+const char* const kConstants =
+    "  %two : int = prim::Constant[value=2]()\n  %none : NoneType = prim::Constant()\n";
+
+// chain() and its variants; a negative one names the filter it tests.
+const Variant kVariants[] = {
+    {"FusesConv2d", true, {}},
+    {"FusesReluAsSecondOperandWhenAlphaIsOne", true, {{"add(%r, %other", "add(%other, %r"}}},
+    {"FusesInPlaceReluOnAFreshIntermediate", true, {{"relu(", "relu_("}}},
+    // addPromotes: add_ keeps the relu output's dtype, the op promotes.
+    {"LeavesInPlaceAddOnAFreshIntermediate", false, {{"add(", "add_("}}},
+    {"SkipsStringPaddingOverload", // isIntListConv
+     false,
+     {{kConstants, "  %same : str = prim::Constant[value=\"same\"]()\n"},
+      {"%l, %l, %l", "%l, %same, %l"}}},
+    {"SkipsScalarAdd", // isTensorAdd
+     false,
+     {{", %other : Tensor", ""},
+      {kConstants, "  %f : float = prim::Constant[value=0.5]()\n"},
+      {"%r, %other", "%r, %f"}}},
+    {"SkipsWhenAlphaScalesTheReluOutput", // alphaIsOne
+     false,
+     {{"add(%r, %other, %one)", "add(%other, %r, %two)"}}},
+    {"LeavesInPlaceAddOnLiveTensor",
+     false,
+     {{"add(%r, %other", "add_(%other, %r"}}}, // notInPlaceOnLiveTensor
+    {"SkipsWhenAnInputIsWrittenInBetween",     // noInterveningWrites
+     false,
+     {{kConstants, ""}, {"%one)\n  %r", "%one)\n  %z : Tensor = aten::mul_(%x, %one)\n  %r"}}},
+};
+
+TORCHFUSE_VARIANT_TESTS(FuseConvReluAdd, ConvReluAddVariant, kVariants, chain(), run, expectFused);
 
 TEST(FuseConvReluAdd, FusesConv1dAndConv3d) {
   for (const char* conv : {"aten::conv1d", "aten::conv3d"}) {
@@ -52,21 +73,11 @@ TEST(FuseConvReluAdd, FusesConv1dAndConv3d) {
 }
 
 TEST(FuseConvReluAdd, MatchesTheUnfusedGraphNumerically) {
-  auto graph = parse(chain());
-  auto fused = graph->copy();
-  ASSERT_EQ(FuseConvReluAdd(fused), 1);
-  torch::manual_seed(0);
-  for (auto dtype : {at::kFloat, at::kDouble}) {
-    auto o = at::TensorOptions().dtype(dtype);
-    std::vector<at::IValue> in = {
+  expectSameOutputs(chain(), run, [](const at::TensorOptions& o) {
+    return std::vector<at::IValue>{
         at::randn({2, 3, 6, 6}, o), at::randn({4, 3, 3, 3}, o), at::randn({4}, o),
         at::randn({4, 1, 1}, o)};
-    expectClose(runGraph(fused, in)[0].toTensor(), runGraph(graph, in)[0].toTensor());
-  }
-}
-
-TEST(FuseConvReluAdd, FusesReluAsSecondOperandWhenAlphaIsOne) {
-  expectFused(chain("aten::conv2d", "aten::relu", "aten::add(%other, %r, %one)"));
+  });
 }
 
 TEST(FuseConvReluAdd, PassesAlphaThatScalesOther) {
@@ -76,67 +87,20 @@ TEST(FuseConvReluAdd, PassesAlphaThatScalesOther) {
       ->run(*graph);
 }
 
-TEST(FuseConvReluAdd, FusesInPlaceReluOnAFreshIntermediate) {
-  expectFused(chain("aten::conv2d", "aten::relu_", "aten::add(%r, %other, %one)"));
-}
-
-// addPromotes: add_ keeps the relu output's dtype, the op promotes.
-TEST(FuseConvReluAdd, LeavesInPlaceAddOnAFreshIntermediate) {
-  expectUnchanged(chain("aten::conv2d", "aten::relu", "aten::add_(%r, %other, %one)"), run);
-}
-
 TEST(FuseConvReluAdd, RecursesIntoIfAndLoopBodies) {
-  auto graph = parse(R"IR(
+  const std::string ir = R"IR(
 graph(%c : bool, %n : int, %x : Tensor, %w : Tensor, %b : Tensor):
   %one : int = prim::Constant[value=1]()
   %true : bool = prim::Constant[value=1]()
   %l : int[] = prim::ListConstruct(%one, %one)
-  %out : Tensor = prim::If(%c)
-    block0():
-      %y : Tensor = aten::conv2d(%x, %w, %b, %l, %l, %l, %one)
-      %r : Tensor = aten::relu(%y)
-      %o : Tensor = aten::add(%r, %x, %one)
-      -> (%o)
-    block1():
-      %lo : Tensor = prim::Loop(%n, %true, %x)
-        block0(%i : int, %h : Tensor):
-          %y2 : Tensor = aten::conv2d(%h, %w, %b, %l, %l, %l, %one)
-          %r2 : Tensor = aten::relu(%y2)
-          %o2 : Tensor = aten::add(%r2, %h, %one)
-          -> (%true, %o2)
-      -> (%lo)
-  return (%out))IR");
-  EXPECT_EQ(FuseConvReluAdd(graph), 2);
-  graph->lint();
-  FileCheck().check("prim::If")->check("torchfuse::custom_conv_relu_add")
-      ->check("prim::Loop")->check("torchfuse::custom_conv_relu_add")
-      ->check_not("aten::conv2d")->run(*graph);
-}
-
-// ---- one negative test per filter ----
-
-TEST(FuseConvReluAdd, SkipsStringPaddingOverload) {  // isIntListConv
-  expectUnchanged(R"IR(
-graph(%x : Tensor, %w : Tensor, %b : Tensor, %other : Tensor):
-  %one : int = prim::Constant[value=1]()
-  %same : str = prim::Constant[value="same"]()
-  %l : int[] = prim::ListConstruct(%one, %one)
-  %c : Tensor = aten::conv2d(%x, %w, %b, %l, %same, %l, %one)
-  %r : Tensor = aten::relu(%c)
-  %o : Tensor = aten::add(%r, %other, %one)
-  return (%o))IR", run);
-}
-
-TEST(FuseConvReluAdd, SkipsScalarAdd) {  // isTensorAdd
-  expectUnchanged(R"IR(
-graph(%x : Tensor, %w : Tensor, %b : Tensor):
-  %one : int = prim::Constant[value=1]()
-  %f : float = prim::Constant[value=0.5]()
-  %l : int[] = prim::ListConstruct(%one, %one)
-  %c : Tensor = aten::conv2d(%x, %w, %b, %l, %l, %l, %one)
-  %r : Tensor = aten::relu(%c)
-  %o : Tensor = aten::add(%r, %f, %one)
-  return (%o))IR", run);
+)IR" +
+      ifTail({"%y : Tensor = aten::conv2d(%x, %w, %b, %l, %l, %l, %one)",
+              "%r : Tensor = aten::relu(%y)", "%o : Tensor = aten::add(%r, %x, %one)"},
+             loop(
+                 {"%y2 : Tensor = aten::conv2d(%h, %w, %b, %l, %l, %l, %one)",
+                  "%r2 : Tensor = aten::relu(%y2)", "%o2 : Tensor = aten::add(%r2, %h, %one)"}),
+             "%lo");
+  expectFusedInIfAndLoop(ir, run, "torchfuse::custom_conv_relu_add", "aten::conv2d");
 }
 
 TEST(FuseConvReluAdd, SkipsReturnedIntermediates) {  // hasSingleUse
@@ -144,40 +108,16 @@ TEST(FuseConvReluAdd, SkipsReturnedIntermediates) {  // hasSingleUse
   expectUnchanged(chain("aten::conv2d", "aten::relu", "aten::add(%r, %other, %one)", "%o, %c"), run);
 }
 
-TEST(FuseConvReluAdd, SkipsWhenAlphaScalesTheReluOutput) {  // alphaIsOne
-  expectUnchanged(chain("aten::conv2d", "aten::relu", "aten::add(%other, %r, %two)"), run);
-}
-
-TEST(FuseConvReluAdd, LeavesInPlaceAddOnLiveTensor) {  // notInPlaceOnLiveTensor
-  expectUnchanged(chain("aten::conv2d", "aten::relu", "aten::add_(%other, %r, %one)"), run);
-}
-
 TEST(FuseConvReluAdd, SkipsChainsSpanningBlocks) {  // inSameBlock
-  expectUnchanged(R"IR(
+  expectUnchanged(
+      R"IR(
 graph(%c : bool, %x : Tensor, %w : Tensor, %b : Tensor):
   %one : int = prim::Constant[value=1]()
   %l : int[] = prim::ListConstruct(%one, %one)
   %y : Tensor = aten::conv2d(%x, %w, %b, %l, %l, %l, %one)
   %r : Tensor = aten::relu(%y)
-  %out : Tensor = prim::If(%c)
-    block0():
-      %o : Tensor = aten::add(%r, %x, %one)
-      -> (%o)
-    block1():
-      -> (%x)
-  return (%out))IR", run);
-}
-
-TEST(FuseConvReluAdd, SkipsWhenAnInputIsWrittenInBetween) {  // noInterveningWrites
-  expectUnchanged(R"IR(
-graph(%x : Tensor, %w : Tensor, %b : Tensor, %other : Tensor):
-  %one : int = prim::Constant[value=1]()
-  %l : int[] = prim::ListConstruct(%one, %one)
-  %c : Tensor = aten::conv2d(%x, %w, %b, %l, %l, %l, %one)
-  %z : Tensor = aten::mul_(%x, %one)
-  %r : Tensor = aten::relu(%c)
-  %o : Tensor = aten::add(%r, %other, %one)
-  return (%o))IR", run);
+)IR" + ifTail({"%o : Tensor = aten::add(%r, %x, %one)"}),
+      run);
 }
 
 } // namespace

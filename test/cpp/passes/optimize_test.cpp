@@ -16,6 +16,29 @@ namespace {
 
 using torch::jit::testing::FileCheck;
 
+// A module in training mode with `children` as submodules and the methods
+// that `source` defines.
+torch::jit::Module scriptModule(
+    const std::string& name,
+    const std::vector<std::pair<std::string, torch::jit::Module>>& children,
+    const std::string& source) {
+  torch::jit::Module m(name);
+  m.register_attribute("training", c10::BoolType::get(), true);
+  for (const auto& [child_name, child] : children) {
+    m.register_module(child_name, child);
+  }
+  m.define(source);
+  return m;
+}
+
+// x * 2.0: a producer that only inlining shows to return a fresh tensor.
+torch::jit::Module timesTwo() {
+  return scriptModule("sub", {}, R"JIT(
+    def forward(self, x):
+        return x * 2.0
+  )JIT");
+}
+
 torch::jit::Module linearModule() {
   torch::jit::Module m("m");
   m.register_attribute("training", c10::BoolType::get(), true);
@@ -79,10 +102,7 @@ TEST(Optimize, RunsOnlyTheFusionsOnByDefaultWhenNoneAreNamed) {
 // With nothing fused, an unfrozen result runs the input's own methods: the
 // executor then builds the graphs it builds for the input.
 TEST(Optimize, LeavesTheMethodsAsTheyAreWhenNothingFuses) {
-  torch::jit::Module m("outer");
-  m.register_attribute("training", c10::BoolType::get(), true);
-  m.register_module("inner", linearModule());
-  m.define(R"JIT(
+  auto m = scriptModule("outer", {{"inner", linearModule()}}, R"JIT(
     def forward(self, x, r):
         return self.inner.forward(x, r)
   )JIT");
@@ -118,16 +138,7 @@ TEST(Optimize, RejectsUnknownPassesAndFreezingInTraining) {
 // v1 comes from a submodule, so only inlining shows it is a fresh tensor.
 // The second iteration's add_ writes v2 (fuzzer seed 4, program 1565).
 torch::jit::Module loopCarriedWriteModule() {
-  torch::jit::Module sub("sub");
-  sub.register_attribute("training", c10::BoolType::get(), true);
-  sub.define(R"JIT(
-    def forward(self, x):
-        return x * 2.0
-  )JIT");
-  torch::jit::Module m("m");
-  m.register_attribute("training", c10::BoolType::get(), true);
-  m.register_module("sub", sub);
-  m.define(R"JIT(
+  return scriptModule("m", {{"sub", timesTwo()}}, R"JIT(
     def forward(self, x, b, n: int):
         v1 = self.sub.forward(x)
         v2 = torch.relu(v1)
@@ -138,7 +149,6 @@ torch::jit::Module loopCarriedWriteModule() {
         after = v2 * 3.0
         return before, after
   )JIT");
-  return m;
 }
 
 TEST(Optimize, KeepsWritesToLoopCarriedTensors) {
@@ -171,16 +181,7 @@ TEST(Optimize, KeepsWritesToLoopCarriedTensors) {
 // The loop sits in a submodule's method: Inline inserts that method's
 // optimized graph, whose own DCE runs once count(2) is folded.
 TEST(Optimize, KeepsWritesToLoopCarriedTensorsInSubmodules) {
-  torch::jit::Module sub("sub");
-  sub.register_attribute("training", c10::BoolType::get(), true);
-  sub.define(R"JIT(
-    def forward(self, x):
-        return x * 2.0
-  )JIT");
-  torch::jit::Module mid("mid");
-  mid.register_attribute("training", c10::BoolType::get(), true);
-  mid.register_module("sub", sub);
-  mid.define(R"JIT(
+  auto mid = scriptModule("mid", {{"sub", timesTwo()}}, R"JIT(
     def count(self, n: int) -> int:
         if n > 1:
             return n
@@ -194,10 +195,7 @@ TEST(Optimize, KeepsWritesToLoopCarriedTensorsInSubmodules) {
             v1 = v2
         return v1 * 3.0
   )JIT");
-  torch::jit::Module m("m");
-  m.register_attribute("training", c10::BoolType::get(), true);
-  m.register_module("mid", mid);
-  m.define(R"JIT(
+  auto m = scriptModule("m", {{"mid", mid}}, R"JIT(
     def forward(self, x, b):
         return self.mid.forward(x, b)
   )JIT");
