@@ -116,8 +116,10 @@ def optimize(
     training the result updates the input's tensors.
 
     With ``freeze=True`` the module (in eval mode, or frozen already) is
-    frozen first, keeping BatchNorm nodes rather than folding them into a
-    preceding layer; ``preserved_attrs`` names the attributes and methods
+    frozen first, and what ``torch.jit.freeze`` folds (a BatchNorm into the
+    conv or linear before it, constant scales and shifts into a conv) is
+    folded where that keeps the module's meaning (docs/passes.md);
+    ``preserved_attrs`` names the attributes and methods
     (e.g. ``@torch.jit.export`` ones; ``"sub.name"`` for a submodule's)
     that freezing keeps, as in ``torch.jit.freeze``.
     ``passes`` selects among :func:`pass_names` (default: the fusions whose
