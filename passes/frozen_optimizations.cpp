@@ -1,9 +1,13 @@
 #include "passes/frozen_optimizations.h"
 
 #include <torch/csrc/jit/ir/constants.h>
-#include <torch/csrc/jit/passes/frozen_graph_optimizations.h>
+#include <torch/csrc/jit/passes/frozen_concat_linear.h>
+#include <torch/csrc/jit/passes/frozen_conv_folding.h>
+#include <torch/csrc/jit/passes/frozen_linear_folding.h>
+#include <torch/csrc/jit/passes/remove_dropout.h>
 
 #include <algorithm>
+#include <functional>
 #include <unordered_set>
 
 namespace torchfuse::passes {
@@ -20,38 +24,62 @@ bool readsOnlyMetadata(const torch::jit::Node* node) {
   return kinds.count(node->kind()) > 0;
 }
 
-} // namespace
-
-bool batchNormFoldingKeepsMeaning(const torch::jit::Block* block) {
+// True when `holds` holds for every aten::batch_norm in `block`, nested
+// blocks included.
+bool everyBatchNorm(
+    const torch::jit::Block* block,
+    const std::function<bool(const torch::jit::Node*)>& holds) {
   for (const auto* node : block->nodes()) {
     for (const auto* sub : node->blocks()) {
-      if (!batchNormFoldingKeepsMeaning(sub)) {
+      if (!everyBatchNorm(sub, holds)) {
         return false;
       }
     }
-    if (node->kind() != c10::Symbol::fromQualString("aten::batch_norm")) {
-      continue;
-    }
-    const auto training = torch::jit::toIValue(node->namedInput("training"));
-    if (!training || !training->isBool() || training->toBool()) {
-      return false;
-    }
-    const auto* input = node->input(0);
-    if (input->node()->kind() == c10::Symbol::fromQualString("aten::linear") &&
-        std::any_of(input->uses().begin(), input->uses().end(), [&](const auto& use) {
-          return use.user != node && !readsOnlyMetadata(use.user);
-        })) {
+    if (node->kind() == c10::Symbol::fromQualString("aten::batch_norm") && !holds(node)) {
       return false;
     }
   }
   return true;
 }
 
+} // namespace
+
+bool batchNormsAreInference(const torch::jit::Block* block) {
+  return everyBatchNorm(block, [](const torch::jit::Node* bn) {
+    const auto training = torch::jit::toIValue(bn->namedInput("training"));
+    return training && training->isBool() && !training->toBool();
+  });
+}
+
+bool linearBatchNormFoldingKeepsMeaning(const torch::jit::Block* block) {
+  return everyBatchNorm(block, [](const torch::jit::Node* bn) {
+    const auto* input = bn->input(0);
+    if (input->node()->kind() != c10::Symbol::fromQualString("aten::linear")) {
+      return true;
+    }
+    const auto type = input->type()->cast<c10::TensorType>();
+    return type && type->dim() == 2 &&
+        std::all_of(input->uses().begin(), input->uses().end(), [&](const auto& use) {
+             return use.user == bn || readsOnlyMetadata(use.user);
+           });
+  });
+}
+
 bool optimizeFrozenGraph(std::shared_ptr<torch::jit::Graph>& graph) {
-  if (!batchNormFoldingKeepsMeaning(graph->block())) {
+  if (!batchNormsAreInference(graph->block())) {
     return false;
   }
-  torch::jit::OptimizeFrozenGraph(graph, /*optimize_numerics=*/true);
+  torch::jit::removeDropout(graph);
+  torch::jit::FrozenConcatLinear(graph);
+  bool changed = true;
+  while (changed) {
+    changed = torch::jit::FoldFrozenConvBatchnorm(graph);
+    changed |= torch::jit::FoldFrozenConvAddOrSub(graph);
+    changed |= torch::jit::FoldFrozenConvMulOrDiv(graph);
+    if (linearBatchNormFoldingKeepsMeaning(graph->block())) {
+      changed |= torch::jit::FoldFrozenLinearBatchnorm(graph);
+    }
+  }
   return true;
 }
 

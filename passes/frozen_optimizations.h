@@ -9,20 +9,26 @@
 
 namespace torchfuse::passes {
 
-// True when torch's BatchNorm folding keeps the meaning of every
-// aten::batch_norm in `block` (nested blocks included): its `training`
-// input is the constant False, and where it reads an aten::linear, nothing
-// else reads that linear's values (its dim() or size() may be read).  NB: torch's
-// FoldFrozenConvBatchnorm and FoldFrozenLinearBatchnorm also fold a BatchNorm whose training flag
-// is a constant True (a submodule left in training mode inside an eval-mode module), dropping its
-// batch statistics and running-statistic updates, and FoldFrozenLinearBatchnorm folds into a linear
-// whose output has other readers, which then read the folded values (the conv folding checks that).
-bool batchNormFoldingKeepsMeaning(const torch::jit::Block* block);
+// True when every aten::batch_norm in `block` (nested blocks included) has
+// a `training` input that is the constant False.  NB: torch's
+// FoldFrozenConvBatchnorm and FoldFrozenLinearBatchnorm also fold a
+// BatchNorm whose training flag is a constant True (a submodule left in
+// training mode inside an eval-mode module), dropping its batch statistics
+// and running-statistic updates.
+bool batchNormsAreInference(const torch::jit::Block* block);
 
-// torch::jit::OptimizeFrozenGraph (dropout removal, concatenated linears,
-// conv/linear with BatchNorm and conv with constant add/sub/mul/div folded),
-// as torch.jit.freeze runs it, when batchNormFoldingKeepsMeaning holds; else
-// nothing.  Returns whether it ran.
+// True when folding each aten::batch_norm that reads an aten::linear into
+// that linear keeps the meaning: the linear's output is known to be 2-D
+// (BatchNorm normalizes dim 1, the linear's features are the last dim), and
+// nothing else reads its values (its dim() or size() may be read).  NB:
+// torch's FoldFrozenLinearBatchnorm checks neither.
+bool linearBatchNormFoldingKeepsMeaning(const torch::jit::Block* block);
+
+// torch::jit::OptimizeFrozenGraph's passes in its order (dropout removed,
+// linears of one input concatenated, then until nothing changes: BatchNorm
+// and constant add/sub/mul/div folded into a conv, BatchNorm folded into a
+// linear), where batchNormsAreInference holds, the linear folding only
+// where linearBatchNormFoldingKeepsMeaning holds.  Returns whether they ran.
 bool optimizeFrozenGraph(std::shared_ptr<torch::jit::Graph>& graph);
 
 } // namespace torchfuse::passes

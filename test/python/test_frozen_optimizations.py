@@ -1,6 +1,8 @@
 """optimize(freeze=True) runs torch.jit.freeze's frozen graph optimizations
 (passes/frozen_optimizations.cpp) before the fusions, except where a
-BatchNorm is not constantly in inference (batchNormFoldingKeepsMeaning)."""
+BatchNorm is not constantly in inference (batchNormsAreInference), and
+folds a BatchNorm into a linear only where that keeps the meaning
+(linearBatchNormFoldingKeepsMeaning)."""
 
 import copy
 
@@ -51,15 +53,55 @@ def _model():
 
 
 def test_frozen_result_folds_what_torch_jit_freeze_folds():
+    """The conv's BatchNorm and constant add are folded as torch.jit.freeze
+    folds them; the BatchNorm after the linear stays: the inlined graph does
+    not show that the linear's output is 2-D (ctest
+    FrozenOptimizations.LinearFoldingOnlyIntoA2dLinearReadByTheBatchNormAlone
+    has the case where it does)."""
     model = _model().eval()
     x = signed(2, 3, 8, 8)
     want = model(x)
     frozen = torch.jit.freeze(torch.jit.script(copy.deepcopy(model)))
     opt = torchfuse.optimize(torch.jit.script(model), freeze=True)
-    FileCheck().check_not("aten::batch_norm").check_not("custom_batch_norm").run(opt.graph)
-    assert kinds(opt) == kinds(frozen), (kinds(opt), kinds(frozen))
+    FileCheck().check("aten::conv2d").check_not("aten::batch_norm").check("aten::linear").check(
+        "aten::batch_norm").run(opt.graph)
+    assert kinds(opt) == sorted(kinds(frozen) + ["aten::batch_norm"]), (kinds(opt), kinds(frozen))
     with torch.no_grad():
         torch.testing.assert_close(opt(x), want)
+
+
+class LinearBn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3, bias=False)
+        self.bn = nn.BatchNorm1d(3)
+
+    def forward(self, x):
+        return self.bn(self.fc(x))
+
+
+def _linear_bn():
+    torch.manual_seed(0)
+    model = LinearBn().double().eval()
+    with torch.no_grad():
+        model.bn.running_mean.copy_(signed(3))
+        model.bn.running_var.uniform_(0.5, 2)
+        model.bn.bias.copy_(signed(3))
+    return model
+
+
+def test_batch_norm_after_a_3d_linear_is_not_folded():
+    """BatchNorm normalizes dim 1, the linear's features are the last dim:
+    torch.jit.freeze folds them all the same (fuzzer seed 20261130, program
+    5672)."""
+    model = _linear_bn()
+    x = signed(2, 3, 4)
+    opt = torchfuse.optimize(torch.jit.trace(copy.deepcopy(model), (x,)), freeze=True)
+    assert "aten::batch_norm" in kinds(opt)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), model(x))
+        frozen = torch.jit.freeze(torch.jit.trace(copy.deepcopy(model), (x,)))
+        assert not torch.allclose(frozen(x), model(x))
 
 
 def test_batch_norm_left_in_training_mode_is_not_folded():

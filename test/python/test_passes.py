@@ -301,7 +301,7 @@ def test_bn_swish_training_matches_including_running_stats(kwargs, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_bn_swish_frozen_uses_eval_op(dtype):
     torch.manual_seed(0)
-    # NB: after a relu: freezing folds a BatchNorm that follows a linear
+    # NB: after a relu: freezing may fold a BatchNorm that follows a linear
     # into it (test_frozen_optimizations.py)
     model = BnSwish(relu_first=True)
     with torch.no_grad():
@@ -417,7 +417,7 @@ def test_optimize_does_not_depend_on_executor_optimization(freeze):
     the executor optimizes; under optimized_execution(False) the calls
     inside submodules would stay (unfused, or freeze_module raising)."""
     torch.manual_seed(0)
-    # NB: relu_first: freezing folds a BatchNorm right after a linear
+    # NB: relu_first: freezing may fold a BatchNorm right after a linear
     ref, src = _twin(BnSwish(relu_first=freeze).train(not freeze), torch.float32)
     with torch.jit.optimized_execution(False):
         src(torch.randn(8, 4))  # caches the submodules' unoptimized graphs

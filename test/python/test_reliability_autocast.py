@@ -129,8 +129,8 @@ class BnSwish(nn.Module):
 
     def forward(self, x):
         # NB: fc2 first: the pass fuses no chain with a read of an attribute
-        # between the batch norm and the swish.  The relu keeps freezing from
-        # folding the batch norm into fc.
+        # between the batch norm and the swish.  The relu keeps freezing
+        # (where it knows ranks) from folding the batch norm into fc.
         r = self.fc2(x)
         t = (self.bn(torch.relu(self.fc(x))) + r) / self.scale
         if self.silu:
