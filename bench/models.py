@@ -37,10 +37,15 @@ Metrics, per (model, mode, variant):
   (perf_counter on the CPU), after a warm-up that includes the profiling
   executor's profiling and optimizing runs; inputs rotate among several
   copies so that a small one does not run from L2;
-- peak memory of one step with nothing else alive: the reference results are
-  on the host, only this variant's model, one input and the output
-  gradients are on the device; torch.cuda.reset_peak_memory_stats, then
-  max_memory_allocated (includes the model's parameters);
+- peak memory of one step: the reference results are on the host, only
+  this variant's model, one input and the output gradients are on the
+  device; torch.cuda.reset_peak_memory_stats, then max_memory_allocated
+  (includes the model's parameters), less what was allocated before the
+  unit built its model (the input and output gradients, the same for every
+  variant of a mode, included).  NB: torch.jit.freeze's result keeps its constants'
+  memory allocated after it is deleted (H100, torch 2.11: one parameter
+  copy per call), so memory that earlier units leave behind is not counted
+  against later ones;
 - errors of the output(s) and, in train mode, of every parameter gradient
   against eager and against a float64 run of the same model (the mode's
   parameters and input, upcast): max|x - ref| / max|ref| per tensor, the
@@ -458,6 +463,8 @@ class ModelBench:
         x0 = ref.x.to(self.device)
         x0 = x0.contiguous(memory_format=torch.channels_last) if cl else x0
         gys = [g.to(self.device) for g in ref.gys] if ref.gys else None
+        free_memory()
+        held = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         t0 = time.perf_counter()
         model = self.seeded_model(spec, mode)
         fn = self.make_variant(spec, v, model, x0)
@@ -524,8 +531,9 @@ class ModelBench:
             before = torch.cuda.memory_allocated(self.device)
             step(x0)
             torch.cuda.synchronize()
-            row["peak_mem_MiB"] = torch.cuda.max_memory_allocated(self.device) / 2**20
-            row["alive_before_step_MiB"] = before / 2**20
+            row["peak_mem_MiB"] = (torch.cuda.max_memory_allocated(self.device) - held) / 2**20
+            row["alive_before_step_MiB"] = (before - held) / 2**20
+            row["held_before_unit_MiB"] = held / 2**20
         else:
             row["peak_mem_MiB"] = None
         reset()
