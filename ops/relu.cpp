@@ -29,8 +29,8 @@ TORCH_LIBRARY_FRAGMENT(torchfuse, m) {
   m.def("custom_relu_forward_mask(Tensor self) -> (Tensor, Tensor)");
   // dim_order: grad_input's dims from outermost to innermost in memory.  The
   // Autograd kernel passes the forward output's, so that grad_input takes
-  // the layout eager's threshold_backward gives (self's); None: grad_output's
-  // layout where it is dense, else contiguous.
+  // the layout eager's threshold_backward gives (self's); None: the layout
+  // empty_like(grad_output) gives.
   m.def("custom_relu_backward(Tensor grad_output, Tensor mask, int[]? dim_order=None) -> Tensor");
 }
 
