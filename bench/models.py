@@ -42,17 +42,23 @@ Metrics, per (model, mode, variant):
   device; torch.cuda.reset_peak_memory_stats, then max_memory_allocated
   (includes the model's parameters), less what was allocated before the
   unit built its model (the input and output gradients, the same for every
-  variant of a mode, included).  NB: torch.jit.freeze's result keeps its constants'
-  memory allocated after it is deleted (H100, torch 2.11: one parameter
-  copy per call), so memory that earlier units leave behind is not counted
-  against later ones;
+  variant of a mode, included).  NB: torch.jit.freeze's result keeps its
+  constants' memory allocated after it is deleted (H100, torch 2.11: one
+  parameter copy per call), so memory that earlier units leave behind is
+  not counted against later ones;
 - errors of the output(s) and, in train mode, of every parameter gradient
   against eager and against a float64 run of the same model (the mode's
   parameters and input, upcast): max|x - ref| / max|ref| per tensor, the
   worst over tensors;
 - torchfuse variants: torchfuse.report (fused chains per pass) and the
   torchfuse ops in the graph; TorchScript-based variants: the NNC fusion
-  groups in the last optimized graph.
+  groups in the last optimized graph;
+- a torchfuse variant's speedup over its baseline (when the baseline was
+  measured in this process): both built again and warmed up in the
+  torchfuse unit, then timed in INTERLEAVED_ROUNDS alternating rounds, and
+  the ratio of the two medians ("interleaved"; the ratio of the separate
+  units' medians is kept as "separate_speedup").  NB: on a shared machine
+  a CPU-bound model's time drifts by 10-50 % between units minutes apart.
 
 Results: bench/results/models-<gpu>.json (a copy in $OUT/models.json when
 $OUT is set).  An existing file is merged into by key model/mode/variant (a
@@ -100,6 +106,8 @@ PHASES = [["eager", "torchscript", "torchfuse", "freeze", "torchfuse_freeze", "e
           ["compile"]]
 MIN_SECONDS = {"compile": 60.0}  # a unit is not started with less left of the budget
 DEFAULT_MIN_SECONDS = 8.0
+# rounds of the interleaved timing of a torchfuse variant and its baseline
+INTERLEAVED_ROUNDS = 6
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 # a result is flagged wrong when an error against float64 exceeds
 # WRONG_FACTOR x eager's plus the dtype's unit roundoff
@@ -423,6 +431,10 @@ class ModelBench:
             with time_limit(min(self.args.unit_timeout_s, remaining - 1.0)):
                 ref = self.reference(spec, mode)
                 row = self.measure(spec, mode, v, ref)
+                base = BASELINE.get(v)
+                if base and (spec.name, mode, base) in self.measured:
+                    free_memory()
+                    row["interleaved"] = self.interleaved(spec, mode, v, base, ref)
         except UnitTimeout as e:
             self.skip(key, str(e), failure=False, kind="timeout")
             return
@@ -456,6 +468,56 @@ class ModelBench:
         print(f"  {key:44s} median {row['median_ms']:9.3f} ms (n={row['reps']}) peak {mem} "
               f"err64 out {e64['out']:.1e}{' grad %.1e' % e64['grad'] if 'grad' in e64 else ''}"
               f"{' WRONG' if row.get('wrong') else ''}{extra}", flush=True)
+
+    def stepper(self, spec: Spec, mode: str, v: str, x0: torch.Tensor, gys):
+        """A new seeded model of the mode, variant v of it, and that
+        variant's step(x) (forward, and in train mode backward of gys) and
+        reset() (parameter gradients to None)."""
+        train = mode_dtype(mode)[0]
+        model = self.seeded_model(spec, mode)
+        fn = self.make_variant(spec, v, model, x0)
+        params = [q for q in model.parameters() if q.requires_grad]
+
+        def reset():
+            for q in params:
+                q.grad = None
+
+        def step(x):
+            if train:
+                torch.autograd.backward(tensors(fn(x)), gys)
+            else:
+                with torch.no_grad():
+                    fn(x)
+
+        return model, fn, step, reset
+
+    def interleaved(self, spec: Spec, mode: str, v: str, base: str, ref: Reference) -> dict:
+        """v against its baseline, timed in alternating rounds in this unit
+        (both alive, warmed up alike): drift of the machine over the minutes
+        between two units then falls on both.  The rounds alternate which
+        goes first."""
+        x0 = ref.x.to(self.device)
+        gys = [g.to(self.device) for g in ref.gys] if ref.gys else None
+        xs = [x0] + [self.make_input(spec, mode_dtype(mode)[2], 101 + i) for i in range(self.n_inputs(x0) - 1)]
+        runs = {w: self.stepper(spec, mode, w, x0, gys) for w in (base, v)}
+        warm = max(self.args.warmup, torch._C._jit_get_num_profiled_runs() + 2)
+        for _, _, step, reset in runs.values():
+            for _ in range(warm):
+                reset()
+                step(x0)
+        self.timer.sync()
+        times: dict = {base: [], v: []}
+        rounds = 2 if self.args.dry_run else INTERLEAVED_ROUNDS
+        reps = max(1, self.args.reps // 2)
+        for r in range(rounds):
+            for w in ((base, v) if r % 2 == 0 else (v, base)):
+                _, _, step, reset = runs[w]
+                times[w] += self.timer.measure(lambda i, step=step: step(xs[i % len(xs)]), reset, 1, reps,
+                                               self.args.target_s / 2)
+        mb, mv = statistics.median(times[base]), statistics.median(times[v])
+        del runs, xs, x0, gys
+        return {"rounds": rounds, "baseline_ms": mb, "ms": mv, "speedup": mb / mv,
+                "reps": {base: len(times[base]), v: len(times[v])}}
 
     def measure(self, spec: Spec, mode: str, v: str, ref: Reference) -> dict:
         train, dt, dtype = mode_dtype(mode)
@@ -559,7 +621,11 @@ class ModelBench:
             row["vs_baseline"] = {"baseline": base, "speedup": None, "note": "baseline not measured in this run"}
             return
         mem = (row["peak_mem_MiB"] / b["peak_mem_MiB"]) if row.get("peak_mem_MiB") and b.get("peak_mem_MiB") else None
-        row["vs_baseline"] = {"baseline": base, "baseline_ms": b["median_ms"], "speedup": b["median_ms"] / row["median_ms"],
+        separate = b["median_ms"] / row["median_ms"]
+        inter = row.get("interleaved")
+        row["vs_baseline"] = {"baseline": base, "baseline_ms": b["median_ms"],
+                              "speedup": inter["speedup"] if inter else separate, "separate_speedup": separate,
+                              "interleaved": inter is not None,
                               "baseline_peak_mem_MiB": b.get("peak_mem_MiB"), "mem_ratio": mem}
         if row.get("wrong"):
             self.failures.append(f"{row['model']}/{row['mode']}/{row['variant']}: errors against float64 "
@@ -610,7 +676,9 @@ def markdown_section(data: dict, png_rel: Optional[str] = None, level: int = 2) 
           f"- Median ms of ≥ {data.get('timing', {}).get('min_reps', '?')} runs "
           f"({data.get('timing', {}).get('method', '?')}) after a warm-up that includes the profiling runs. "
           "*torchfuse* is compared with *TorchScript* (script, or trace for BERT), *tf-freeze* "
-          "(`optimize(freeze=True)`) with *freeze*, both measured in the same process: > 1× is faster; "
+          "(`optimize(freeze=True)`) with *freeze*, both measured in the same process, the ratio from "
+          "alternating rounds of the two where the row was measured so (results from before that: the "
+          "separate units' medians): > 1× is faster; "
           "mem is the ratio of the peak memory of one step (< 1× uses less).", ""]
     for m, info in data.get("models", {}).items():
         L.append(f"- `{m}`: {info.get('desc')}")
