@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+import torch.testing._internal.optests.generate_tests  # noqa: F401  (OpCheckError)
 
 ops = torch.ops.torchfuse
 F64 = torch.float64
@@ -221,6 +222,68 @@ def opcheck_samples():
 def test_opcheck(index):
     torch.manual_seed(index)
     _, op, args = opcheck_samples()[index]
+    torch.library.opcheck(op, args)
+
+
+def internal_opcheck_samples():
+    """(name, op, args) for the forward and backward ops the Autograd kernels
+    call; masks and saved statistics come from the forward ops.  NB: the
+    forward ops have no Autograd kernel (the public ops' Autograd kernels
+    call them below it), so their inputs do not require grad; the backward
+    ops have one (double backward), so theirs do."""
+    g = dict(requires_grad=True, dtype=torch.float32)
+    with torch.no_grad():
+        x = signed(4, 5, dtype=torch.float32)
+        _, relu_mask = ops.custom_relu_forward_mask(x)
+        conv = (signed(2, 4, 5, 5, dtype=torch.float32), signed(6, 4, 3, 3, dtype=torch.float32),
+                signed(6, dtype=torch.float32), [1], [1], [1], 1, signed(6, 1, 1, dtype=torch.float32), 1)
+        conv_out, conv_mask = ops.custom_conv_relu_add_forward(*conv)
+        lin = (signed(3, 4, dtype=torch.float32), signed(5, 4, dtype=torch.float32))
+        lin_out = ops.custom_linear_add_relu(*lin, None, signed(3, 5, dtype=torch.float32), 1)
+        bn = (signed(4, 3, 2, dtype=torch.float32), signed(3, dtype=torch.float32), signed(3, dtype=torch.float32),
+              signed(3, dtype=torch.float32), positive(3, dtype=torch.float32), True, 0.1, 1e-5,
+              signed(3, 1, dtype=torch.float32), 2.0)
+        _, mean, invstd = ops.custom_batch_norm_add_div_swish_forward(
+            bn[0], bn[1], bn[2], bn[3].clone(), bn[4].clone(), *bn[5:])
+    return [
+        ("relu_forward_mask", ops.custom_relu_forward_mask, (signed(4, 5, dtype=torch.float32),)),
+        ("relu_backward", ops.custom_relu_backward, (signed(4, 5, **g), relu_mask)),
+        ("relu_backward_dim_order", ops.custom_relu_backward, (signed(4, 5, **g), relu_mask, [1, 0])),
+        ("conv_relu_add_forward", ops.custom_conv_relu_add_forward, conv),
+        ("conv_relu_add_backward", ops.custom_conv_relu_add_backward,
+         (signed(*conv_out.shape, **g), conv_mask, conv[0].clone().requires_grad_(True),
+          conv[1].clone().requires_grad_(True), [1], [1], [1], 1, [True, True, True, True])),
+        ("linear_add_relu_backward", ops.custom_linear_add_relu_backward,
+         (signed(3, 5, **g), lin[0].clone().requires_grad_(True), lin[1].clone().requires_grad_(True), lin_out,
+          [True, True, True])),
+        ("batch_norm_add_div_swish_forward", ops.custom_batch_norm_add_div_swish_forward,
+         tuple(t.clone() if isinstance(t, torch.Tensor) else t for t in bn)),
+        ("batch_norm_add_div_swish_backward", ops.custom_batch_norm_add_div_swish_backward,
+         (signed(4, 3, 2, **g), bn[0].clone().requires_grad_(True), bn[1].clone().requires_grad_(True),
+          bn[2].clone().requires_grad_(True), mean, invstd, True, bn[8].clone().requires_grad_(True), 2.0,
+          [True, True, True, True])),
+    ]
+
+
+# NB: under test_aot_dispatch_dynamic the conv and BN backward ops' composite
+# kernels (what their double backward differentiates) read concrete sizes
+# (numel, sum_to_size) of symbolic tensors.  Known, for the torch.compile
+# issue; strict, so that a fix shows.
+SYMBOLIC_SIZES_GAP = {"conv_relu_add_backward", "batch_norm_add_div_swish_backward"}
+OpCheckError = torch.testing._internal.optests.generate_tests.OpCheckError
+
+
+@pytest.mark.parametrize(
+    "index",
+    [pytest.param(i, marks=pytest.mark.xfail(
+        strict=True, raises=OpCheckError,
+        reason="the composite backward reads concrete sizes of symbolic tensors"))
+     if name in SYMBOLIC_SIZES_GAP else i
+     for i, (name, _, _) in enumerate(internal_opcheck_samples())],
+    ids=[s[0] for s in internal_opcheck_samples()])
+def test_opcheck_internal_ops(index):
+    torch.manual_seed(index)
+    _, op, args = internal_opcheck_samples()[index]
     torch.library.opcheck(op, args)
 
 
