@@ -472,24 +472,31 @@ class ModelBench:
     def stepper(self, spec: Spec, mode: str, v: str, x0: torch.Tensor, gys):
         """A new seeded model of the mode, variant v of it, and that
         variant's step(x) (forward, and in train mode backward of gys) and
-        reset() (parameter gradients to None)."""
+        reset() (in train mode, parameter gradients to None)."""
         train = mode_dtype(mode)[0]
         model = self.seeded_model(spec, mode)
         fn = self.make_variant(spec, v, model, x0)
         params = [q for q in model.parameters() if q.requires_grad]
 
         def reset():
-            for q in params:
-                q.grad = None
-
-        def step(x):
             if train:
+                for q in params:
+                    q.grad = None
+
+        if train:
+            def step(x):
                 torch.autograd.backward(tensors(fn(x)), gys)
-            else:
+        else:
+            def step(x):
                 with torch.no_grad():
                     fn(x)
 
         return model, fn, step, reset
+
+    def warm_runs(self) -> int:
+        """Warm-up runs: the compile, and the profiling executor's profiling
+        and optimizing runs."""
+        return max(self.args.warmup, torch._C._jit_get_num_profiled_runs() + 2)
 
     def interleaved(self, spec: Spec, mode: str, v: str, base: str, ref: Reference) -> dict:
         """v against its baseline, timed in alternating rounds in this unit
@@ -500,9 +507,8 @@ class ModelBench:
         gys = [g.to(self.device) for g in ref.gys] if ref.gys else None
         xs = [x0] + [self.make_input(spec, mode_dtype(mode)[2], 101 + i) for i in range(self.n_inputs(x0) - 1)]
         runs = {w: self.stepper(spec, mode, w, x0, gys) for w in (base, v)}
-        warm = max(self.args.warmup, torch._C._jit_get_num_profiled_runs() + 2)
         for _, _, step, reset in runs.values():
-            for _ in range(warm):
+            for _ in range(self.warm_runs()):
                 reset()
                 step(x0)
         self.timer.sync()
@@ -528,27 +534,11 @@ class ModelBench:
         free_memory()
         held = torch.cuda.memory_allocated(self.device) if self.device.type == "cuda" else 0
         t0 = time.perf_counter()
-        model = self.seeded_model(spec, mode)
-        fn = self.make_variant(spec, v, model, x0)
+        model, fn, step, reset = self.stepper(spec, mode, v, x0, gys)
         setup_s = time.perf_counter() - t0
-        params = [q for q in model.parameters() if q.requires_grad]
 
-        def reset():
-            if train:
-                for q in params:
-                    q.grad = None
-
-        if train:
-            def step(x):
-                torch.autograd.backward(tensors(fn(x)), gys)
-        else:
-            def step(x):
-                with torch.no_grad():
-                    fn(x)
-
-        # warm-up on the verification input: compiles, and the profiling
-        # executor's profiling and optimizing runs
-        warm = max(self.args.warmup, torch._C._jit_get_num_profiled_runs() + 2)
+        # warm-up on the verification input
+        warm = self.warm_runs()
         t0 = time.perf_counter()
         reset()
         step(x0)
@@ -607,7 +597,7 @@ class ModelBench:
                                    self.args.reps, self.args.target_s)
         row.update({"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
                     "reps": len(times), "inputs_rotated": len(xs)})
-        del fn, model, params, xs, x0, gys
+        del fn, model, step, reset, xs, x0, gys
         return row
 
     def compare(self, row: dict) -> None:

@@ -40,16 +40,23 @@ class ConvBnAdd(nn.Module):
         return self.bn1(self.fc(h.mean((2, 3))))
 
 
+def _seeded(module):
+    """module in float64, with every BatchNorm's statistics and affine
+    parameters drawn away from their defaults."""
+    m = module.double()
+    with torch.no_grad():
+        for bn in m.modules():
+            if isinstance(bn, nn.modules.batchnorm._BatchNorm):
+                bn.running_mean.copy_(signed(bn.num_features) * 0.3)
+                bn.running_var.copy_(torch.rand(bn.num_features, dtype=torch.float64) + 0.5)
+                bn.weight.copy_(signed(bn.num_features))
+                bn.bias.copy_(signed(bn.num_features))
+    return m
+
+
 def _model():
     torch.manual_seed(0)
-    m = ConvBnAdd().double()
-    with torch.no_grad():
-        for bn in (m.bn, m.bn1):
-            bn.running_mean.copy_(signed(bn.num_features) * 0.3)
-            bn.running_var.copy_(torch.rand(bn.num_features, dtype=torch.float64) + 0.5)
-            bn.weight.copy_(signed(bn.num_features))
-            bn.bias.copy_(signed(bn.num_features))
-    return m
+    return _seeded(ConvBnAdd())
 
 
 def test_frozen_result_folds_what_torch_jit_freeze_folds():
@@ -82,12 +89,7 @@ class LinearBn(nn.Module):
 
 def _linear_bn():
     torch.manual_seed(0)
-    model = LinearBn().double().eval()
-    with torch.no_grad():
-        model.bn.running_mean.copy_(signed(3))
-        model.bn.running_var.uniform_(0.5, 2)
-        model.bn.bias.copy_(signed(3))
-    return model
+    return _seeded(LinearBn()).eval()
 
 
 def test_batch_norm_after_a_3d_linear_is_not_folded():
@@ -140,10 +142,7 @@ class LinearBnResidual(nn.Module):
 
 def test_batch_norm_after_a_linear_read_elsewhere_is_not_folded():
     torch.manual_seed(0)
-    model = LinearBnResidual().double().eval()
-    with torch.no_grad():
-        model.bn.running_mean.copy_(signed(6))
-        model.bn.running_var.uniform_(0.5, 2)
+    model = _seeded(LinearBnResidual()).eval()
     x = signed(4, 6)
     opt = torchfuse.optimize(torch.jit.script(copy.deepcopy(model)), freeze=True)
     assert "aten::batch_norm" in kinds(opt)
