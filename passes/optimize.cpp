@@ -126,6 +126,33 @@ torch::jit::Module cloneSharingState(
   return result;
 }
 
+// A new object of each module in the tree, of the same class types: the
+// methods, and with them their graph executors, stay the input's, as do the
+// attribute values (tensors, and objects of other classes); the modules are
+// new, so setting an attribute or the training mode of the result leaves the
+// input alone.  A submodule object reachable twice is copied once.
+torch::jit::Module copySharingTypes(
+    const torch::jit::Module& module,
+    std::unordered_map<c10::ivalue::Object*, c10::intrusive_ptr<c10::ivalue::Object>>& copied) {
+  const auto known = copied.find(module._ivalue().get());
+  if (known != copied.end()) {
+    return torch::jit::Module(known->second);
+  }
+  const auto type = module.type();
+  auto object = c10::ivalue::Object::create(
+      c10::StrongTypePtr(module._ivalue()->compilation_unit(), type), type->numAttributes());
+  copied.emplace(module._ivalue().get(), object);
+  for (size_t i = 0; i < type->numAttributes(); ++i) {
+    const auto& value = module._ivalue()->getSlot(i);
+    object->setSlot(
+        i,
+        type->getAttribute(i)->is_module()
+            ? c10::IValue(copySharingTypes(value.toModule(), copied)._ivalue())
+            : value);
+  }
+  return torch::jit::Module(object);
+}
+
 // The submodule that owns `path`'s last component ("sub.fc.weight" ->
 // sub.fc), checking that it names an attribute or a method, as
 // freeze_module's preserved attributes may.
@@ -323,14 +350,15 @@ torch::jit::Module optimize(
   const bool fused = std::any_of(
       counts.fused.begin(), counts.fused.end(), [](const auto& c) { return c.second > 0; });
   if (!fused && !options.freeze) {
-    // NB: with nothing fused, the result runs the input's own methods (a
-    // clone sharing its state), not our inlined, constant-propagated and
-    // canonicalized forward: the executor then builds exactly the graphs it
-    // builds for the input.  (A traced BERT in training mode on CUDA gave
-    // outputs off by up to 0.39 on some calls from the transformed forward
-    // with nothing fused.)
-    std::unordered_map<c10::TypePtr, c10::TypePtr> plain_remap;
-    auto plain = cloneSharingState(module, resultCompilationUnit(module), plain_remap);
+    // NB: with nothing fused, the result runs the input's own methods and
+    // executors.  A fresh executor is not the same program as one that
+    // already ran: torch.jit.trace's check runs the traced module under
+    // no_grad, so its executor never builds differentiable graphs, and
+    // TorchScript's differentiable graphs for a traced BERT-base in training
+    // on CUDA give outputs that differ by up to 0.3 between identical calls
+    // (a trace with check_trace=False does the same without torchfuse).
+    std::unordered_map<c10::ivalue::Object*, c10::intrusive_ptr<c10::ivalue::Object>> copied;
+    auto plain = copySharingTypes(module, copied);
     counts.nodes_after = passes::countNodes(forwardGraph(plain)->block());
     if (report != nullptr) {
       *report = counts;

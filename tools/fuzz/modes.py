@@ -350,7 +350,7 @@ def _script_and_optimize(model, freeze: bool, what: str, outcome: Outcome, prese
         scripted = torch.jit.script(model)
     except Exception as e:  # noqa: BLE001
         raise Invalid(f"script: {type(e).__name__}: {str(e).splitlines()[0]}")
-    ref = _copy(scripted)
+    ref = _own_copy(scripted)
     sharing = _sharing(scripted)
     outcome.shares |= any(len(g) > 1 for g in sharing.values())
     methods = _methods_text(scripted)
@@ -423,6 +423,15 @@ def _load(data: bytes):
     """A module of its own (parameters and buffers are fresh tensors),
     compiled again from the saved code, as a user's torch.jit.load does."""
     return torch.jit.load(io.BytesIO(data))
+
+
+def _own_copy(module):
+    """A copy of a scripted module with graph executors of its own.  A
+    deepcopy shares its source's class types, so their methods and
+    executors, and with nothing fused optimize's result runs those too: on
+    one executor the steps of ref and opt would not be in step (an
+    executor's first calls profile)."""
+    return torch.jit.load(io.BytesIO(_save(module)))
 
 
 def _copy(module):
