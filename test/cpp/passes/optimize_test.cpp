@@ -99,8 +99,9 @@ TEST(Optimize, RunsOnlyTheFusionsOnByDefaultWhenNoneAreNamed) {
   }
 }
 
-// With nothing fused, an unfrozen result runs the input's own methods: the
-// executor then builds the graphs it builds for the input.
+// With nothing fused, an unfrozen result is a new object of the input's
+// class types: it runs the input's methods and executors, with attribute
+// slots of its own.
 TEST(Optimize, LeavesTheMethodsAsTheyAreWhenNothingFuses) {
   auto m = scriptModule("outer", {{"inner", linearModule()}}, R"JIT(
     def forward(self, x, r):
@@ -119,7 +120,13 @@ TEST(Optimize, LeavesTheMethodsAsTheyAreWhenNothingFuses) {
   EXPECT_EQ(kinds(out), kinds(m));  // nothing inlined, folded or rewritten
   FileCheck().check("prim::CallMethod")->check_not("aten::linear")
       ->run(*out.get_method("forward").graph());
-  EXPECT_NE(out.type(), m.type());
+  EXPECT_EQ(out.type(), m.type());
+  EXPECT_EQ(&out.get_method("forward").function(), &m.get_method("forward").function());
+  EXPECT_NE(out._ivalue(), m._ivalue());
+  out.attr("inner").toModule().train(false);
+  EXPECT_TRUE(m.attr("inner").toModule().is_training());
+  EXPECT_TRUE(out.attr("inner").toModule().attr("w").toTensor().is_same(
+      m.attr("inner").toModule().attr("w").toTensor()));
 }
 
 TEST(Optimize, RunsOnlyTheSelectedPasses) {
