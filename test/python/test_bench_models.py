@@ -243,3 +243,23 @@ def test_seed_benchmark_keeps_nnc_on(tmp_path):
     data = json.loads(out.read_text())
     assert data["flags"]["texpr_fuser"] is True
     assert {r["variant"] for r in data["rows"]} == {"eager", "torchscript"}
+
+
+def test_batch_norms_get_running_statistics_of_a_random_input(models):
+    """An eval-mode CNN with torchvision's initial statistics (mean 0,
+    variance 1) overflows float16; the benchmark's models get statistics
+    of a random input first, and keep their momentum."""
+    spec = models.specs(dry_run=True)[CNN]
+    bench = models.ModelBench.__new__(models.ModelBench)
+    bench.device = torch.device("cpu")
+    model = bench.seeded_model(spec, "eval_fp32")
+    bns = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert bns and not model.training
+    assert all(bn.momentum == 0.01 for bn in bns)  # torchvision's for mobilenet_v3
+    assert all(int(bn.num_batches_tracked) == models.CALIBRATION_BATCHES for bn in bns)
+    assert max((bn.running_var - 1).abs().max().item() for bn in bns) > 0.1
+    assert max(bn.running_mean.abs().max().item() for bn in bns) > 0.1
+    # the same statistics for every variant built
+    again = bench.seeded_model(spec, "eval_fp32")
+    for a, b in zip(model.state_dict().values(), again.state_dict().values()):
+        assert torch.equal(a, b)
