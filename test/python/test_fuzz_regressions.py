@@ -127,6 +127,32 @@ CASES = [
         v15 = v14 * torch.sigmoid(v14)
         return v15 / v6
 """),
+    # Under torch.jit.optimized_execution(False) the optimized forward raised
+    # "Expected Tensor but got None" (seed 20261124 program 5471): with relu
+    # one op, TorchScript's interpreter emitted the loop inside the tree of
+    # `x1 - relu(conv2d(x0))`, after loading x1, so the body's read of x1
+    # moved it out of its register for the second iteration.  The loop now
+    # carries x1 (carryOuterValuesThroughLoops); checked after save/load too.
+    case("loop_in_an_expression_tree_reads_an_outer_value", [[4, 3, 4, 4], [4, 3, 4, 4]], 5471,
+         {"relu": 4}, """\
+        self.act6 = nn.ReLU(inplace=True)
+        self.p8 = nn.Parameter(torch.randn(3, 3, 3, 3))
+        self.p9 = nn.Parameter(torch.randn(3))
+        self.register_buffer("rm20", torch.zeros(3))
+        self.register_buffer("rv21", torch.ones(3))
+        self.p22 = self.p9
+        self.p23 = nn.Parameter(torch.randn(3))
+    def forward(self, x0, x1):
+        for _ in range(2):
+            v5 = x0 - 0.1
+            v7 = self.act6(v5)
+            x0 = x1
+        v10 = F.conv2d(x0, self.p8, self.p9, 1, 1, 1, 1)
+        v12 = F.relu(v10, inplace=True)
+        v13 = x1 - v12
+        v24 = F.batch_norm(v13, self.rm20, self.rv21, self.p22, self.p23, True, 0.3, 1e-05)
+        return v13
+"""),
 ]
 
 test_optimize_keeps_meaning = keeps_meaning_test(CASES)
