@@ -153,6 +153,19 @@ CASES = [
         v24 = F.batch_norm(v13, self.rm20, self.rv21, self.p22, self.p23, True, 0.3, 1e-05)
         return v13
 """),
+    # relu of x / 0 under double backward (seed 20261124 program 3292): the
+    # gradient penalty's gradient w.r.t. bn0.bias was 0 where eager's is
+    # NaN.  Eager's threshold_backward gives relu's result a zero gradient,
+    # which the division's backward turns into 0 / 0; custom_relu saved only
+    # a 1-bit mask.  Its node now has an empty second output that carries
+    # that zero gradient.
+    case("relu_of_division_by_zero_under_double_backward", [[4, 6]], 3292, {"relu": 4}, """\
+        self.bn0 = nn.BatchNorm1d(6, track_running_stats=False)
+    def forward(self, x1):
+        v1 = self.bn0(x1)
+        v3 = v1 / 0
+        return v3.relu()
+"""),
 ]
 
 test_optimize_keeps_meaning = keeps_meaning_test(CASES)
