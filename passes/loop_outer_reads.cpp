@@ -53,15 +53,14 @@ bool mayBeEmittedInline(const torch::jit::Node* n) {
 } // namespace
 
 bool loopMayMoveOuterValue(torch::jit::Node* loop) {
-  return loop->kind() == c10::prim::Loop && mayBeEmittedInline(loop) &&
-      !outerReads(loop).empty();
+  return loop->kind() == c10::prim::Loop && mayBeEmittedInline(loop) && !outerReads(loop).empty();
 }
 
 int64_t carryOuterValuesThroughLoops(const std::shared_ptr<torch::jit::Graph>& graph) {
   std::vector<torch::jit::Node*> loops;
   forEachNode(graph->block(), [&](torch::jit::Node* n) {
     if (n->kind() == c10::prim::Loop) {
-      loops.push_back(n);  // outer loops first
+      loops.push_back(n); // outer loops first
     }
   });
   int64_t rewritten = 0;
@@ -80,11 +79,12 @@ int64_t carryOuterValuesThroughLoops(const std::shared_ptr<torch::jit::Graph>& g
       }
       // NB: returned as `[received][0]`, the same object: ConstantPropagation
       // (run again when a saved module is loaded) drops a slot whose body
-      // returns its input unchanged.
+      // returns its input unchanged.  The list makes the value an AliasDb
+      // wildcard, as the loop-carried alias guards' seal does; nothing of
+      // ours runs after this.
       torch::jit::WithInsertPoint insert(body->return_node());
       auto* list = graph->insertNode(graph->createList(received->type(), {received}));
-      body->registerOutput(
-          graph->insert(c10::aten::__getitem__, {list->output(), int64_t{0}}));
+      body->registerOutput(graph->insert(c10::aten::__getitem__, {list->output(), int64_t{0}}));
       loop->addInput(v);
       loop->addOutput()->setType(v->type());
     }

@@ -30,11 +30,12 @@ bool loopMayMoveOuterValue(torch::jit::Node* loop);
 
 // For each loop where loopMayMoveOuterValue holds (outer loops first),
 // passes every non-constant value from outside that the body reads through
-// the loop as a carried value returned unchanged: the body reads its own
-// block inputs only, and the loop has more than one output, so it is never
-// emitted inline.  The meaning is kept, zero trips included (the new outputs
-// are unused; the existing slots are untouched), and the carried values are
-// the same objects.  Returns the number of loops rewritten.
+// the loop as a carried value, which the body returns as `[received][0]`:
+// the body reads its own block inputs only, and the loop has more than one
+// output, so it is never emitted inline.  The meaning is kept, zero trips
+// included (the new outputs are unused; the existing slots are untouched),
+// and the carried values are the same objects.  Returns the number of loops
+// rewritten.
 int64_t carryOuterValuesThroughLoops(const std::shared_ptr<torch::jit::Graph>& graph);
 
 } // namespace torchfuse::passes

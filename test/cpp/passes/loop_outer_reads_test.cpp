@@ -47,8 +47,7 @@ std::vector<Case> cases() {
        [](const at::Tensor& x0, const at::Tensor& x1, int64_t n) {
          return x1 - at::relu(n > 0 ? x1 : x0);
        }},
-      {"computes from an outer value",
-       reluOfLoop("      %m : Tensor = aten::mul(%h, %x1)\n", "%m"),
+      {"computes from an outer value", reluOfLoop("      %m : Tensor = aten::mul(%h, %x1)\n", "%m"),
        [](const at::Tensor& x0, const at::Tensor& x1, int64_t n) {
          auto h = x0;
          for (int64_t i = 0; i < n; ++i) {
@@ -89,8 +88,7 @@ std::vector<torch::jit::Node*> loops(const std::shared_ptr<torch::jit::Graph>& g
   return found;
 }
 
-void expectMatchesReference(
-    const Case& c, const std::shared_ptr<torch::jit::Graph>& graph) {
+void expectMatchesReference(const Case& c, const std::shared_ptr<torch::jit::Graph>& graph) {
   const auto x0 = torch::randn({7}, torch::kDouble);
   const auto x1 = torch::randn({7}, torch::kDouble);
   for (int64_t n : {0, 1, 2, 3}) {
@@ -113,7 +111,7 @@ TEST(LoopOuterReads, ThePlainInterpreterMovesAnOuterValueOutOfALoopInATree) {
     try {
       interpret(graph, x0, x1, 2);
       ADD_FAILURE() << c.name << ": the interpreter ran the loop twice";
-    } catch (const std::exception& e) {  // the interpreter rethrows as std::runtime_error
+    } catch (const std::exception& e) { // the interpreter rethrows as std::runtime_error
       // NB: a consumer with a Tensor schema says "Expected Tensor but got
       // None" (conv2d in the fuzz program), relu finds no tensor argument.
       const std::string what = e.what();
@@ -198,8 +196,8 @@ graph(%x0 : Tensor, %x1 : Tensor, %n : int):
   graph->lint();
   const auto found = loops(graph);
   ASSERT_EQ(found.size(), 2u);
-  EXPECT_EQ(found.at(0)->outputs().size(), 2u);  // %h, %x1
-  EXPECT_EQ(found.at(1)->outputs().size(), 2u);  // %g, the outer loop's %x1
+  EXPECT_EQ(found.at(0)->outputs().size(), 2u); // %h, %x1
+  EXPECT_EQ(found.at(1)->outputs().size(), 2u); // %g, the outer loop's %x1
   EXPECT_EQ(found.at(1)->input(3), found.at(0)->blocks().at(0)->inputs().at(2));
   for (auto* loop : found) {
     EXPECT_FALSE(loopMayMoveOuterValue(loop));
