@@ -17,17 +17,6 @@
 namespace torchfuse::passes {
 namespace {
 
-// Whether n sits in `block` or in a block nested in it.
-bool isInBlock(const torch::jit::Node* n, const torch::jit::Block* block) {
-  for (const auto* b = n->owningBlock(); b != nullptr;
-       b = b->owningNode() != nullptr ? b->owningNode()->owningBlock() : nullptr) {
-    if (b == block) {
-      return true;
-    }
-  }
-  return false;
-}
-
 // NB: AliasDb (AliasDb::analyzeLoop) lets a loop body's carried input alias
 // only the loop's initial input, not the value the previous iteration
 // returned.  In `v2 = relu(v1); for ...: v1.add_(b); v1 = v2` the add_ of the

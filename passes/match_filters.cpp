@@ -439,6 +439,16 @@ void forEachNode(Block* block, const std::function<void(Node*)>& fn) {
   }
 }
 
+bool isInBlock(const Node* n, const Block* block) {
+  for (const auto* b = n->owningBlock(); b != nullptr;
+       b = b->owningNode() != nullptr ? b->owningNode()->owningBlock() : nullptr) {
+    if (b == block) {
+      return true;
+    }
+  }
+  return false;
+}
+
 int64_t countNodes(Block* block) {
   int64_t count = 0;
   forEachNode(block, [&](Node*) { ++count; });

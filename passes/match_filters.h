@@ -162,6 +162,8 @@ Node* replaceWithFusedOp(
 void forEachNode(Block* block, const std::function<void(Node*)>& fn);
 // Counts nodes the same way.
 int64_t countNodes(Block* block);
+// Whether n sits in `block` or in a block nested in it.
+bool isInBlock(const Node* n, const Block* block);
 
 // Runs a fusion: finds every match on the unmodified graph (one AliasDb,
 // matches never overlap), then rewrites them.  matchAt(Node*, const AliasDb&)

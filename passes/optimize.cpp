@@ -4,7 +4,8 @@
 //   -> [freeze_module] -> ConstantPropagation -> [the frozen graph
 //   optimizations, where their BatchNorm folding keeps the meaning] -> fuseGraph (Canonicalize,
 //   then the registry's fusions in order, ReplaceRelu last)
-//   -> EliminateDeadCode -> guards to their persistent form -> lint
+//   -> EliminateDeadCode -> guards to their persistent form -> outer values
+//   read in loop bodies carried through the loops -> lint
 
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/ir/constants.h>
@@ -23,6 +24,7 @@
 
 #include "passes/frozen_optimizations.h"
 #include "passes/loop_alias_guards.h"
+#include "passes/loop_outer_reads.h"
 #include "passes/match_filters.h"
 #include "torchfuse/optimize.h"
 #include "torchfuse/passes.h"
@@ -369,6 +371,9 @@ torch::jit::Module optimize(
   forEachMethod(result, [](torch::jit::GraphFunction& f) {
     passes::removeLoopCarriedAliasGuards(f.graph());
     passes::sealLoopCarriedAliases(f.graph());
+    // NB: last: a fusion can make a loop's user a single op, and DCE can
+    // leave the body nothing but reads of outer values.
+    passes::carryOuterValuesThroughLoops(f.graph());
     f.clear_optimized_graphs();
   });
   graph->lint();

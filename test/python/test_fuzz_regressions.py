@@ -127,6 +127,45 @@ CASES = [
         v15 = v14 * torch.sigmoid(v14)
         return v15 / v6
 """),
+    # Under torch.jit.optimized_execution(False) the optimized forward raised
+    # "Expected Tensor but got None" (seed 20261124 program 5471): with relu
+    # one op, TorchScript's interpreter emitted the loop inside the tree of
+    # `x1 - relu(conv2d(x0))`, after loading x1, so the body's read of x1
+    # moved it out of its register for the second iteration.  The loop now
+    # carries x1 (carryOuterValuesThroughLoops); checked after save/load too.
+    case("loop_in_an_expression_tree_reads_an_outer_value", [[4, 3, 4, 4], [4, 3, 4, 4]], 5471,
+         {"relu": 4}, """\
+        self.act6 = nn.ReLU(inplace=True)
+        self.p8 = nn.Parameter(torch.randn(3, 3, 3, 3))
+        self.p9 = nn.Parameter(torch.randn(3))
+        self.register_buffer("rm20", torch.zeros(3))
+        self.register_buffer("rv21", torch.ones(3))
+        self.p22 = self.p9
+        self.p23 = nn.Parameter(torch.randn(3))
+    def forward(self, x0, x1):
+        for _ in range(2):
+            v5 = x0 - 0.1
+            v7 = self.act6(v5)
+            x0 = x1
+        v10 = F.conv2d(x0, self.p8, self.p9, 1, 1, 1, 1)
+        v12 = F.relu(v10, inplace=True)
+        v13 = x1 - v12
+        v24 = F.batch_norm(v13, self.rm20, self.rv21, self.p22, self.p23, True, 0.3, 1e-05)
+        return v13
+"""),
+    # relu of x / 0 under double backward (seed 20261124 program 3292): the
+    # gradient penalty's gradient w.r.t. bn0.bias was 0 where eager's is
+    # NaN.  Eager's threshold_backward gives relu's result a zero gradient,
+    # which the division's backward turns into 0 / 0; custom_relu saved only
+    # a 1-bit mask.  Its node now has an empty second output that carries
+    # that zero gradient.
+    case("relu_of_division_by_zero_under_double_backward", [[4, 6]], 3292, {"relu": 4}, """\
+        self.bn0 = nn.BatchNorm1d(6, track_running_stats=False)
+    def forward(self, x1):
+        v1 = self.bn0(x1)
+        v3 = v1 / 0
+        return v3.relu()
+"""),
 ]
 
 test_optimize_keeps_meaning = keeps_meaning_test(CASES)
