@@ -125,6 +125,9 @@ def wheel(wheel_root):
         pytest.skip("ccache is not installed: building the wheel would compile "
                     "torchfuse a second time")
     python = (build / "python-path").read_text().strip()
+    if _run([python, "-c", "import scikit_build_core"]).returncode != 0:
+        pytest.fail(f"{python} lacks scikit-build-core, the build backend: "
+                    "pip install -r requirements-test.txt")
     wheel_root.mkdir(exist_ok=True)
     dist = _work_dir(wheel_root) / "dist"
     env = dict(os.environ)
