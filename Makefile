@@ -8,6 +8,8 @@ PYTEST_ARGS ?=
 
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_DIR ?= $(HOME)/.cache/torchfuse/ccache
+# the wheel build of test/python/test_install.py
+export CMAKE_BUILD_PARALLEL_LEVEL ?= $(JOBS)
 
 .PHONY: all setup configure build test test-cpp test-python demo clean
 

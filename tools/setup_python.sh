@@ -22,7 +22,7 @@ PY
 has_test_deps() {
   "$1" - <<'PY' >/dev/null 2>&1
 import importlib.util, sys
-sys.exit(0 if all(importlib.util.find_spec(m) for m in ("pytest", "xdist", "numpy", "torchvision", "transformers", "matplotlib")) else 1)
+sys.exit(0 if all(importlib.util.find_spec(m) for m in ("pytest", "xdist", "numpy", "torchvision", "transformers", "matplotlib", "scikit_build_core")) else 1)
 PY
 }
 
@@ -51,7 +51,7 @@ fi
 
 if ! has_test_deps "$python"; then
   echo "setup: warning: $python lacks a package of requirements-test.txt (pytest, pytest-xdist, numpy, torchvision," \
-    "transformers, matplotlib); some Python tests fail: $python -m pip install -r requirements-test.txt" >&2
+    "transformers, matplotlib, scikit-build-core); some Python tests fail: $python -m pip install -r requirements-test.txt" >&2
 fi
 echo "$python" > "$build_dir/python-path"
 echo "$python"

@@ -13,11 +13,12 @@ import torch
 # so that several build trees can share one source tree: env.sh puts the
 # source's python/ and then the build's python/ on PYTHONPATH, and this
 # package spans both, as a package split across sys.path entries does.  An
-# installed package has _C beside this file.
+# installed package (pip install ., cmake --install) has _C beside this file.
 __path__ = pkgutil.extend_path(__path__, __name__)
 
 from . import _C  # noqa: E402  (loads libtorchfuse_ops)
 from . import backends  # noqa: E402
+from . import utils  # noqa: E402
 
 __version__ = _C.version()
 
@@ -30,7 +31,7 @@ def _check_build() -> None:
     if running != built:
         raise ImportError(
             f"torchfuse was built against torch {built}, but torch {torch.__version__} "
-            "is installed; rebuild torchfuse (make build) with the matching torch"
+            f"is installed; install torch=={built} (the JIT has no stable ABI)"
         )
     built_cuda = _C.built_with_cuda or None
     if built_cuda and torch.version.cuda and built_cuda != torch.version.cuda:
@@ -154,6 +155,7 @@ def report(module) -> Dict[str, int]:
 
 __all__ = [
     "backends",
+    "utils",
     "library_path",
     "optimize",
     "fuse_graph",
