@@ -346,14 +346,29 @@ def _after(node: torch.fx.Node) -> List[torch.fx.Node]:
     return out
 
 
+_MODE_SWITCHES = {"_set_grad_enabled", "_enter_autocast", "_exit_autocast", "_enter_inference_mode",
+                  "_exit_inference_mode"}
+
+
+def _switches_mode(node: torch.fx.Node) -> bool:
+    """A Dynamo node that changes grad or autocast mode (torch.no_grad() and
+    autocast regions inside a compiled function)."""
+    name = getattr(node.target, "__name__", "") if node.op == "call_function" else ""
+    return name in _MODE_SWITCHES or name.startswith("_set_")
+
+
 def _no_intervening_writes(head, tail, chain: set, inputs: Iterable) -> bool:
     """noInterveningWrites: nothing between head and tail writes a value
     that may alias the chain's inputs (the fused op, inserted at the tail,
-    reads them later than head did)."""
+    reads them later than head did), or switches grad or autocast mode (a
+    conv under no_grad, its relu and add with grad, must not become one op
+    that records a graph for the conv)."""
     inputs = [v for v in inputs if isinstance(v, torch.fx.Node)]
     for n in _between(head, tail):
         if n in chain:
             continue
+        if _switches_mode(n):
+            return False
         for w in _writes(n):
             if any(_may_alias(w, v) for v in inputs):
                 return False

@@ -215,6 +215,10 @@ class ConvSkip(nn.Module):
         if k == "autocast":
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 return torch.relu(self.conv(x)) + o
+        if k == "grad_mode":
+            with torch.no_grad():  # no gradient for the conv's parameters
+                c = self.conv(x)
+            return torch.relu(c) + o
         c = self.conv(x)
         if k == "intervening_write":
             x.mul_(2)  # the conv read x before this write; a fused op would read it after
@@ -296,7 +300,7 @@ class BatchNormSkip(nn.Module):
 
 
 CONV_SKIPS = ["padding_same", "alpha_second", "scalar_other", "inplace_add", "relu_reused", "conv_reused",
-              "intervening_write", "autocast"]
+              "intervening_write", "autocast", "grad_mode"]
 LINEAR_SKIPS = ["alpha_second", "scalar_other", "inplace_add", "add_reused", "intervening_write"]
 BN_SKIPS = ["no_running_stats", "alpha", "inplace_add", "stats_read_between", "tensor_divisor", "rounding_mode",
             "zero_divisor", "sigmoid_of_other", "t_reused", "other_written_after"]
@@ -312,7 +316,7 @@ def test_skip_condition_leaves_chain(fusion, kind, factory, sizes, path):
         pytest.skip("torch.export puts an autocast region in a wrap_with_autocast submodule: not rewritten")
     # NB: in eval mode, where the written inputs may be leaves and in-place
     # adds may write a relu's result; the statistics' cases in training.
-    train = kind in ("stats_read_between", "no_running_stats")
+    train = kind in ("stats_read_between", "no_running_stats", "grad_mode")
     model, inputs = make(factory, sizes, train=train)
     counts = check_same(model, inputs, path, train=train, steps=1)
     assert counts.get(fusion, 0) == 0, counts
