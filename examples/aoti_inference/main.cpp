@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
     const uint64_t seed = argc == 4 ? std::strtoull(argv[3], nullptr, 10) : 0;
 
     // NB: a package compiled for the CPU; the loader runs it on the device
-    // it was compiled for.  Without the ops library linked, the run fails
+    // it was compiled for.  Without the ops library linked, loading fails
     // with "Could not find schema for torchfuse::custom_...".
     torch::inductor::AOTIModelPackageLoader loader(argv[1]);
 
