@@ -24,11 +24,14 @@ Variants: eager, eager_cl (channels-last model and input), torchscript
 (torch.jit.script; torch.jit.trace for BERT; the default executor, NNC on),
 freeze, freeze_cl (freeze of the channels-last model), ofi
 (torch.jit.optimize_for_inference), compile (torch.compile, default mode),
-torchfuse (torchfuse.optimize of the torchscript variant) and
-torchfuse_freeze (torchfuse.optimize(..., freeze=True)).  freeze, freeze_cl,
+torchfuse (torchfuse.optimize of the torchscript variant),
+torchfuse_freeze (torchfuse.optimize(..., freeze=True)) and torchfuse_compile
+(torch.compile with torchfuse.fx's backend: the FX rewrite, then Inductor).
+freeze, freeze_cl,
 ofi and torchfuse_freeze run in the eval modes only; the _cl variants on the
 CNNs only.  Each torchfuse variant is compared with the TorchScript variant it
-replaces (torchfuse: torchscript, torchfuse_freeze: freeze), measured in the
+replaces (torchfuse: torchscript, torchfuse_freeze: freeze, torchfuse_compile:
+compile), measured in the
 same process: selecting a torchfuse variant selects its baseline, and eager
 (the reference) is always measured.
 
@@ -96,15 +99,17 @@ from benchmark import ROOT, Timer, UnitTimeout, free_memory, git_commit, rel_err
 
 MODEL_NAMES = ["resnet50", "mobilenet_v3_large", "efficientnet_b0", "vgg16", "bert", "mlp"]
 MODES = ["eval_fp32", "eval_fp16", "eval_bf16", "train_fp32"]
-VARIANTS = ["eager", "eager_cl", "torchscript", "freeze", "freeze_cl", "ofi", "compile", "torchfuse", "torchfuse_freeze"]
+VARIANTS = ["eager", "eager_cl", "torchscript", "freeze", "freeze_cl", "ofi", "compile", "torchfuse", "torchfuse_freeze",
+            "torchfuse_compile"]
 EVAL_ONLY = {"freeze", "freeze_cl", "ofi", "torchfuse_freeze"}
 CL_ONLY = {"eager_cl", "freeze_cl"}  # channels-last: the CNNs only
 # the TorchScript module each torchfuse variant replaces
-BASELINE = {"torchfuse": "torchscript", "torchfuse_freeze": "freeze"}
+BASELINE = {"torchfuse": "torchscript", "torchfuse_freeze": "freeze", "torchfuse_compile": "compile"}
 # cheapest first, so that a run cut short by its budget has the comparisons
 PHASES = [["eager", "torchscript", "torchfuse", "freeze", "torchfuse_freeze", "eager_cl", "freeze_cl", "ofi"],
-          ["compile"]]
-MIN_SECONDS = {"compile": 60.0}  # a unit is not started with less left of the budget
+          ["compile", "torchfuse_compile"]]
+COMPILED = {"compile", "torchfuse_compile"}  # torch.compile variants: Dynamo is reset after each
+MIN_SECONDS = {"compile": 60.0, "torchfuse_compile": 60.0}  # a unit is not started with less left of the budget
 DEFAULT_MIN_SECONDS = 8.0
 # rounds of the interleaved timing of a torchfuse variant and its baseline
 INTERLEAVED_ROUNDS = 6
@@ -357,6 +362,21 @@ class ModelBench:
         if v == "compile":
             torch._dynamo.reset()
             return torch.compile(model)
+        if v == "torchfuse_compile":
+            # the torchfuse FX rewrite of Dynamo's graph, then Inductor as in
+            # the compile variant; the backend records what it fused
+            import torchfuse.fx
+            from torch._inductor.compile_fx import compile_fx
+
+            torch._dynamo.reset()
+            self.compile_fused = {}
+
+            def inductor(gm, example_inputs):
+                for name, n in torchfuse.fx.report(gm).items():
+                    self.compile_fused[name] = self.compile_fused.get(name, 0) + n
+                return compile_fx(gm, example_inputs)
+
+            return torch.compile(model, backend=torchfuse.fx.make_backend(inner=inductor))
         if v in ("torchfuse", "torchfuse_freeze"):
             import torchfuse
 
@@ -449,7 +469,7 @@ class ModelBench:
             self.skip(key, f"budget: {remaining:.0f} s left of --budget-s, this variant needs about {need:.0f} s",
                       failure=False, kind="budget")
             return
-        critical = v in ("eager", "torchfuse", "torchfuse_freeze")
+        critical = v in ("eager", "torchfuse", "torchfuse_freeze", "torchfuse_compile")
         t0 = time.perf_counter()
         try:
             with time_limit(min(self.args.unit_timeout_s, remaining - 1.0)):
@@ -469,7 +489,7 @@ class ModelBench:
                 traceback.print_exc()
             return
         finally:
-            if v == "compile":
+            if v in COMPILED:
                 torch._dynamo.reset()
             free_memory()
         row["setup_and_measure_s"] = round(time.perf_counter() - t0, 2)
@@ -581,7 +601,11 @@ class ModelBench:
                 fn(x0)
             graph = str(torch.jit.last_executed_optimized_graph())
             row["nnc_groups"] = len(re.findall(r"= prim::TensorExprGroup_\d+\(", graph))
-        if v.startswith("torchfuse"):
+        if v == "torchfuse_compile":
+            # NB: the graphs compiled so far (forward and, in train mode, the
+            # backward's compile happen in the warm-up)
+            row["fused"] = dict(self.compile_fused)
+        elif v.startswith("torchfuse"):
             import torchfuse
 
             row["fused"] = torchfuse.report(fn)
@@ -649,9 +673,11 @@ class ModelBench:
 
 # ------------------------------------------------------------------ report ----
 
-COLS = ["eager", "eager_cl", "torchscript", "freeze", "freeze_cl", "ofi", "compile", "torchfuse", "torchfuse_freeze"]
+COLS = ["eager", "eager_cl", "torchscript", "freeze", "freeze_cl", "ofi", "compile", "torchfuse", "torchfuse_freeze",
+        "torchfuse_compile"]
 SHORT = {"eager": "eager", "eager_cl": "eager-CL", "torchscript": "script", "freeze": "freeze", "freeze_cl": "freeze-CL",
-         "ofi": "ofi", "compile": "compile", "torchfuse": "torchfuse", "torchfuse_freeze": "tf-freeze"}
+         "ofi": "ofi", "compile": "compile", "torchfuse": "torchfuse", "torchfuse_freeze": "tf-freeze",
+         "torchfuse_compile": "tf-compile"}
 
 
 def grouped(data: dict) -> dict:

@@ -255,9 +255,10 @@ bool batchNormAddDivSwishHandles(const BatchNormAddDivSwishArgs& a) {
     return true;  // the checks' error
   }
   // NB: batch_norm takes a weight or bias of C elements in any shape.
-  const int64_t channels = input.size(1);
+  // SymInts: sizes() raises or specialises under symbolic tracing.
+  const auto channels = input.sym_size(1);
   for (const auto* t : {&a.weight, &a.bias}) {
-    if (defined(*t) && (*t)->dim() != 1 && (*t)->numel() == channels) {
+    if (defined(*t) && (*t)->dim() != 1 && (*t)->sym_numel() == channels) {
       return false;
     }
   }

@@ -141,14 +141,42 @@ at::Tensor packConvMask(const at::Tensor& keep, bool batched, ConvMaskOrder orde
 }
 
 at::Tensor unpackConvMask(
-    const at::Tensor& mask, at::IntArrayRef conv_sizes, bool batched, ConvMaskOrder order) {
+    const at::Tensor& mask,
+    c10::SymIntArrayRef conv_sizes,
+    bool batched,
+    ConvMaskOrder order) {
   if (order == ConvMaskOrder::PositionsInner) {
     return unpackReluMask(mask, conv_sizes);
   }
-  const auto e = convExtents(conv_sizes, batched);
-  const auto keep =
-      unpackReluMask(mask, {e.images, e.positions, paddedChannels(e.channels)});
-  return keep.narrow(2, 0, e.channels).transpose(1, 2).reshape(conv_sizes);
+  const auto images = batched ? conv_sizes[0] : c10::SymInt(1);
+  const auto& channels = conv_sizes[batched ? 1 : 0];
+  c10::SymInt positions = 1;
+  for (const auto& s : conv_sizes.slice(batched ? 2 : 1)) {
+    positions = positions * s;
+  }
+  const auto keep = unpackReluMask(mask, {images, positions, (channels + 31) / 32 * 32});
+  return keep.narrow_symint(2, 0, channels).transpose(1, 2).reshape_symint(conv_sizes);
+}
+
+std::vector<c10::SymInt> convOutputSymSizes(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation) {
+  const bool batched = input.dim() == weight.dim();
+  std::vector<c10::SymInt> sizes;
+  if (batched) {
+    sizes.push_back(input.sym_size(0));
+  }
+  sizes.push_back(weight.sym_size(0));
+  const int64_t first = batched ? 2 : 1;
+  for (int64_t d = 0; d < weight.dim() - 2; ++d) {
+    const auto extent = input.sym_size(first + d) + 2 * at1(padding, d) -
+        at1(dilation, d) * (weight.sym_size(2 + d) - 1) - 1;
+    sizes.push_back(extent / at1(stride, d) + 1);
+  }
+  return sizes;
 }
 
 at::MemoryFormat convOutputMemoryFormat(const at::Tensor& input, const at::Tensor& weight) {

@@ -154,8 +154,22 @@ c10::SymInt convMaskBytes(
 at::Tensor packConvMask(const at::Tensor& keep, bool batched, ConvMaskOrder order);
 
 // The bool tensor shaped `conv_sizes` that packConvMask packed.
+// NB: SymInt sizes, so that the differentiable backward traces with
+// symbolic shapes (torch.compile, torch.export) without specialising them.
 at::Tensor unpackConvMask(
-    const at::Tensor& mask, at::IntArrayRef conv_sizes, bool batched, ConvMaskOrder order);
+    const at::Tensor& mask,
+    c10::SymIntArrayRef conv_sizes,
+    bool batched,
+    ConvMaskOrder order);
+
+// The conv output's shape, symbolic where input or weight has symbolic
+// sizes; no checks (checkConvReluAddInputs makes them for concrete sizes).
+std::vector<c10::SymInt> convOutputSymSizes(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation);
 
 // Checks the backward's arguments, the mask's size in the order
 // convMaskOrder(input, weight) included, and returns the conv output's shape.

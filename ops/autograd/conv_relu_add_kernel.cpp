@@ -1,4 +1,3 @@
-#include <c10/util/accumulate.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
 
@@ -16,7 +15,13 @@ using torch::autograd::variable_list;
 // dimensions with `spatial` trailing spatial ones and `channels` channels,
 // is per-channel or scalar-like: its gradient is then the backward's
 // grad_channels (summed, when scalar-like).
-bool channelShaped(at::IntArrayRef other, int64_t rank, int64_t spatial, int64_t channels) {
+// NB: SymInts: under symbolic tracing each comparison is a guard on a size
+// the choice depends on, not a specialisation of every size.
+bool channelShaped(
+    c10::SymIntArrayRef other,
+    int64_t rank,
+    int64_t spatial,
+    const c10::SymInt& channels) {
   const int64_t channel_dim = int64_t(other.size()) - 1 - spatial;
   if (int64_t(other.size()) > rank) {
     return false;
@@ -45,7 +50,9 @@ class ConvReluAddFunction : public torch::autograd::Function<ConvReluAddFunction
     ctx->saved_data["padding"] = a.padding.vec();
     ctx->saved_data["dilation"] = a.dilation.vec();
     ctx->saved_data["groups"] = a.groups;
-    ctx->saved_data["other_sizes"] = a.other.sizes().vec();
+    // NB: sym_sizes: with symbolic sizes (torch.compile, torch.export)
+    // sizes() raises or specialises every dimension.
+    ctx->saved_data["other_sizes"] = c10::IValue(a.other.sym_sizes());
     ctx->saved_data["alpha"] = a.alpha;
     ctx->saved_data["has_bias"] = a.bias.has_value() && a.bias->defined();
     return out;
@@ -57,14 +64,18 @@ class ConvReluAddFunction : public torch::autograd::Function<ConvReluAddFunction
     const auto needs = [&](size_t arg) {
       return needsTensorGrad(ctx, {true, true, has_bias, true}, arg);
     };
-    const auto other_sizes = ctx->saved_data["other_sizes"].toIntVector();
+    const auto other_sizes = ctx->saved_data["other_sizes"].toSymIntVector();
     const auto& weight = saved[1];
     // NB: a scalar-like other's gradient sums every element: ATen's
     // reduction accumulates it in float32, where a sum of per-channel sums,
     // each rounded to a 16-bit gradient's dtype, loses accuracy.
-    const bool scalar_like = c10::multiply_integers(other_sizes) == 1;
+    c10::SymInt other_numel = 1;
+    for (const auto& s : other_sizes) {
+      other_numel = other_numel * s;
+    }
+    const bool scalar_like = other_numel == 1;
     const bool channel_other = needs(3) && !scalar_like &&
-        channelShaped(other_sizes, saved[0].dim(), weight.dim() - 2, weight.size(0));
+        channelShaped(other_sizes, saved[0].dim(), weight.dim() - 2, weight.sym_size(0));
     const auto stride = ctx->saved_data["stride"].toIntVector();
     const auto padding = ctx->saved_data["padding"].toIntVector();
     const auto dilation = ctx->saved_data["dilation"].toIntVector();
@@ -74,8 +85,8 @@ class ConvReluAddFunction : public torch::autograd::Function<ConvReluAddFunction
          ctx->saved_data["groups"].toInt(), mask});
     at::Tensor grad_other;
     if (needs(3)) {
-      grad_other = channel_other ? grad_channels.reshape(other_sizes)
-                                 : grads[0].sum_to_size(other_sizes);
+      grad_other = channel_other ? grad_channels.reshape_symint(other_sizes)
+                                 : grads[0].sum_to_size_symint(other_sizes);
       grad_other = scaledBy(grad_other, ctx->saved_data["alpha"].toScalar());
     }
     return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(),

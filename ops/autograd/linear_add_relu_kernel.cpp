@@ -24,7 +24,9 @@ class LinearAddReluFunction : public torch::autograd::Function<LinearAddReluFunc
     const auto& [input, weight, bias, other, alpha] = a;
     auto out = linearAddRelu(a);
     ctx->save_for_backward({input, weight, out});
-    ctx->saved_data["other_sizes"] = other.sizes().vec();
+    // NB: sym_sizes: with symbolic sizes (torch.compile, torch.export)
+    // sizes() raises or specialises every dimension.
+    ctx->saved_data["other_sizes"] = c10::IValue(other.sym_sizes());
     ctx->saved_data["alpha"] = alpha;
     ctx->saved_data["has_bias"] = bias.has_value() && bias->defined();
     // A per-feature `other` (N elements along the last dim, adding no dims)
@@ -43,7 +45,7 @@ class LinearAddReluFunction : public torch::autograd::Function<LinearAddReluFunc
     const auto needs = [&](size_t arg) {
       return needsTensorGrad(ctx, {true, true, has_bias, true}, arg);
     };
-    const auto other_sizes = ctx->saved_data["other_sizes"].toIntVector();
+    const auto other_sizes = ctx->saved_data["other_sizes"].toSymIntVector();
     const bool other_from_bias =
         needs(3) && ctx->saved_data["other_per_feature"].toBool();
     const std::array<bool, 3> mask{needs(0), needs(1), needs(2) || other_from_bias};
@@ -51,12 +53,12 @@ class LinearAddReluFunction : public torch::autograd::Function<LinearAddReluFunc
         linearAddReluBackward({grads[0], saved[0], saved[1], saved[2], mask});
     at::Tensor grad_other;
     if (other_from_bias) {
-      grad_other = grad_bias.reshape(other_sizes);
+      grad_other = grad_bias.reshape_symint(other_sizes);
       // NB: the two gradients must not share storage: accumulating into one
       // .grad in place would change the other.
       grad_other = needs(2) && alpha.equal(1) ? grad_other.clone() : scaledBy(grad_other, alpha);
     } else if (needs(3)) {
-      grad_other = scaledBy(grad_sum.sum_to_size(other_sizes), alpha);
+      grad_other = scaledBy(grad_sum.sum_to_size_symint(other_sizes), alpha);
     }
     return {grad_input, grad_weight, needs(2) ? grad_bias : at::Tensor(), grad_other,
             at::Tensor()};

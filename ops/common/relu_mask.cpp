@@ -179,15 +179,23 @@ at::Tensor packReluMask(const at::Tensor& t) {
   return mask;
 }
 
-at::Tensor unpackReluMask(const at::Tensor& mask, at::IntArrayRef sizes) {
-  const int64_t n = c10::multiply_integers(sizes);
-  TORCH_INTERNAL_ASSERT(
-      mask.scalar_type() == at::kByte && mask.numel() == reluMaskBytes(n),
-      "relu mask of ", mask.numel(), " bytes for ", n, " elements");
+at::Tensor unpackReluMask(const at::Tensor& mask, c10::SymIntArrayRef sizes) {
+  c10::SymInt n = 1;
+  for (const auto& s : sizes) {
+    n = n * s;
+  }
+  TORCH_INTERNAL_ASSERT(mask.scalar_type() == at::kByte, "relu mask of dtype ", mask.scalar_type());
+  TORCH_SYM_INTERNAL_ASSERT(
+      mask.sym_numel().sym_eq(reluMaskBytes(n)), "relu mask of ", mask.sym_numel(), " bytes for ",
+      n, " elements");
   const auto shifts = at::arange(8, mask.options().dtype(at::kByte));
   auto bits = at::bitwise_right_shift(mask.reshape({-1, 1}), shifts);
   bits.bitwise_and_(1);
-  return bits.view(-1).narrow(0, 0, n).view(at::kBool).view(sizes);
+  return bits.view(-1).narrow_symint(0, 0, n).view(at::kBool).view_symint(sizes);
+}
+
+at::Tensor unpackReluMask(const at::Tensor& mask, at::IntArrayRef sizes) {
+  return unpackReluMask(mask, c10::fromIntArrayRefSlow(sizes));
 }
 
 at::Tensor applyReluMask(const at::Tensor& grad, const at::Tensor& mask, at::Tensor out) {

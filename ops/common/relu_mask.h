@@ -22,6 +22,9 @@ c10::SymInt reluMaskBytes(const c10::SymInt& numel);
 at::Tensor packReluMask(const at::Tensor& t);
 
 // The bool tensor of shape `sizes` that packReluMask packed.
+// NB: SymInt sizes for the differentiable backwards, which trace with
+// symbolic shapes (torch.compile, torch.export).
+at::Tensor unpackReluMask(const at::Tensor& mask, c10::SymIntArrayRef sizes);
 at::Tensor unpackReluMask(const at::Tensor& mask, at::IntArrayRef sizes);
 
 // Writes into `out` (grad's shape, any strides) grad where the mask bit is

@@ -7,10 +7,12 @@ namespace torchfuse::ops {
 namespace {
 
 // The per-channel vector t viewed to broadcast along dim 1 of an n-D input.
+// NB: SymInts here and in the backward: the differentiable backward traces
+// with symbolic shapes (torch.compile, torch.export).
 at::Tensor perChannel(const at::Tensor& t, int64_t dim) {
-  std::vector<int64_t> shape(dim, 1);
-  shape[1] = t.numel();
-  return t.view(shape);
+  std::vector<c10::SymInt> shape(dim, 1);
+  shape[1] = t.sym_numel();
+  return t.view_symint(shape);
 }
 
 } // namespace
@@ -85,7 +87,7 @@ BatchNormAddDivSwishGrads batchNormAddDivSwishBackwardComposite(
   const auto grad_t =
       silu ? g_out * s * (1 + t * (1 - s)) : g_out * s + g_out * t * (1 - s) * s;
   const auto grad_sum = at::div(grad_t, divisor);
-  const auto g = grad_sum.sum_to_size(input.sizes());
+  const auto g = grad_sum.sum_to_size_symint(input.sym_sizes());
   const auto sum_g = g.sum(reduce_dims);
   const auto sum_g_xhat = (g * x_hat).sum(reduce_dims);
 
@@ -93,7 +95,7 @@ BatchNormAddDivSwishGrads batchNormAddDivSwishBackwardComposite(
   if (output_mask[0]) {
     const auto scale = w * perChannel(invstd.to(ct), dim);
     if (training) {
-      const double m = static_cast<double>(input.numel() / input.size(1));
+      const c10::Scalar m(input.sym_numel() / input.sym_size(1));
       grad_input = scale / m *
           (g * m - perChannel(sum_g, dim) - x_hat * perChannel(sum_g_xhat, dim));
     } else {
@@ -108,7 +110,7 @@ BatchNormAddDivSwishGrads batchNormAddDivSwishBackwardComposite(
     grad_bias = sum_g;
   }
   if (output_mask[3]) {
-    grad_other = grad_sum.sum_to_size(other.sizes());
+    grad_other = grad_sum.sum_to_size_symint(other.sym_sizes());
   }
   return {grad_input, grad_weight, grad_bias, grad_other};
 }

@@ -8,10 +8,6 @@
 namespace torchfuse::ops {
 namespace {
 
-int64_t at1(at::IntArrayRef v, int64_t i) {
-  return v.size() == 1 ? v[0] : v[i];
-}
-
 // The conv output, in symbolic sizes where the input has them, in the memory
 // format eager's convolution gives.
 at::Tensor convOutputMeta(const ConvReluAddArgs& a) {
@@ -20,17 +16,7 @@ at::Tensor convOutputMeta(const ConvReluAddArgs& a) {
     checkConvReluAddInputs(a);
   }
   const bool batched = input.dim() == weight.dim();
-  std::vector<c10::SymInt> sizes;
-  if (batched) {
-    sizes.push_back(input.sym_size(0));
-  }
-  sizes.push_back(weight.sym_size(0));
-  const int64_t first = batched ? 2 : 1;
-  for (int64_t d = 0; d < weight.dim() - 2; ++d) {
-    const auto extent = input.sym_size(first + d) + 2 * at1(padding, d) -
-        at1(dilation, d) * (weight.sym_size(2 + d) - 1) - 1;
-    sizes.push_back(extent / at1(stride, d) + 1);
-  }
+  const auto sizes = convOutputSymSizes(input, weight, stride, padding, dilation);
   const auto format = batched ? convOutputMemoryFormat(input, weight)
                                : at::MemoryFormat::Contiguous;
   return at::empty_symint(sizes, input.options().memory_format(format));

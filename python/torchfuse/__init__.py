@@ -164,3 +164,13 @@ __all__ = [
     "fusions",
     "__version__",
 ]
+
+
+def __getattr__(name: str):
+    # NB: torchfuse.fx (torch.compile and torch.export) is imported on first
+    # use: TorchScript users need not pay for torch.export's import.
+    if name == "fx":
+        import importlib
+
+        return importlib.import_module(".fx", __name__)
+    raise AttributeError(f"module 'torchfuse' has no attribute {name!r}")

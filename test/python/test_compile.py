@@ -75,3 +75,71 @@ def test_compiled_inference_matches_eager(models):
         want = eager(x, y, o)
         got = compiled(x, y, o)
     torch.testing.assert_close(got, want)
+
+
+# ------------------------------------------------------------ dynamic shapes
+
+
+class DynamicOps(torch.nn.Module):
+    """Every op on inputs whose batch, spatial and row counts vary between
+    calls; `other` comes from the inputs, per-channel and full-shaped."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv_w = torch.nn.Parameter(signed(4, 3, 3, 3))
+        self.conv_b = torch.nn.Parameter(signed(4))
+        self.conv_other = torch.nn.Parameter(signed(4, 1, 1))
+        self.bn_w = torch.nn.Parameter(signed(4))
+        self.bn_b = torch.nn.Parameter(signed(4))
+        self.register_buffer("running_mean", signed(4) * 0.1)
+        self.register_buffer("running_var", torch.rand(4) + 0.5)
+        self.lin_w = torch.nn.Parameter(signed(6, 5))
+        self.lin_b = torch.nn.Parameter(signed(6))
+
+    def forward(self, x, y, o):
+        h = ops.custom_conv_relu_add(x, self.conv_w, self.conv_b, [1], [1], [1], 1, self.conv_other, 0.5)
+        g = ops.custom_conv_relu_add(x, self.conv_w, None, [2], [0], [1], 1, 1.5 * self.conv_other, 1)
+        h = ops.custom_batch_norm_add_div_swish(
+            h, self.bn_w, self.bn_b, self.running_mean, self.running_var, self.training, 0.1, 1e-5, h.cos(), 2.0)
+        z = ops.custom_relu(ops.custom_linear_add_relu(y, self.lin_w, self.lin_b, o, -1.0) - 0.25)
+        return h.square().mean() + g.sin().mean() + z.square().mean()
+
+
+# (x, y, o) sizes: every dynamic dimension changes from one call to the next.
+# NB: the first call's sizes differ from each other and from the parameters'
+# (3, 4, 5, 6), or duck sizing gives them one symbol, which the parameters'
+# sizes then specialise.
+DYNAMIC_SIZES = [((2, 3, 7, 8), (9, 5), (9, 6)), ((3, 3, 9, 7), (10, 5), (10, 6)),
+                 ((4, 3, 8, 10), (7, 5), (7, 6))]
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_compiled_dynamic_shapes_match_eager_without_recompiling(training):
+    """dynamic=True: one graph serves every size (the kernels and the
+    Autograd kernels read symbolic sizes, so none is specialised), and
+    outputs, gradients and running statistics match eager at each."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = DynamicOps().double().train(training)
+    src = copy.deepcopy(eager)
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(src, fullgraph=True, dynamic=True, backend=counter)
+    for step, sizes in enumerate(DYNAMIC_SIZES):
+        torch.manual_seed(20 + step)
+        x, y, o = (signed(*s).double() for s in sizes)
+        with torch.set_grad_enabled(training):
+            want = eager(x, y, o)
+            got = compiled(x, y, o)
+        torch.testing.assert_close(got, want)
+        if training:
+            for m in (eager, src):
+                m.zero_grad(set_to_none=True)
+            want.backward()
+            got.backward()
+            for (name, a), (_, b) in zip(eager.named_parameters(), src.named_parameters()):
+                torch.testing.assert_close(b.grad, a.grad, msg=lambda m, name=name: f"grad of {name}: {m}")
+        for name in ("running_mean", "running_var"):
+            torch.testing.assert_close(getattr(src, name), getattr(eager, name), msg=lambda m, name=name: f"{name}: {m}")
+    assert counter.frame_count == 1, f"recompiled: {counter.frame_count} graphs for {len(DYNAMIC_SIZES)} sizes"

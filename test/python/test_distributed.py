@@ -144,10 +144,16 @@ def _worker(rank, name, optimized, no_sync, store, out_path):
 def _run(tmp_path, name, optimized, no_sync=False):
     tag = f"{name}-{'opt' if optimized else 'orig'}-{'nosync' if no_sync else 'sync'}"
     out = str(tmp_path / f"{tag}.result")
-    # NB: fork, not spawn: the workers need not re-import this module
+    # NB: forkserver, not fork: a process that traced a backward on fake
+    # tensors (any torch.compile training, e.g. test_compile.py earlier in
+    # the suite) has started autograd's device threads, and a forked child's
+    # backward then raises "Unable to handle autograd's threading in
+    # combination with fork-based multiprocessing".  The server, started
+    # once with torch and torchfuse imported, forks the workers quickly.
+    mp.set_forkserver_preload(["torch", "torchfuse"])
     mp.start_processes(
         _worker, args=(name, optimized, no_sync, str(tmp_path / f"{tag}.store"), out),
-        nprocs=WORLD, join=True, start_method="fork")
+        nprocs=WORLD, join=True, start_method="forkserver")
     return torch.load(out)
 
 

@@ -238,6 +238,14 @@ def internal_opcheck_samples():
         conv = (signed(2, 4, 5, 5, dtype=torch.float32), signed(6, 4, 3, 3, dtype=torch.float32),
                 signed(6, dtype=torch.float32), [1], [1], [1], 1, signed(6, 1, 1, dtype=torch.float32), 1)
         conv_out, conv_mask = ops.custom_conv_relu_add_forward(*conv)
+        # stride 2 leaves a remainder (output_padding 1 in the transposed
+        # convolution of the differentiable backward)
+        conv_gs = (signed(2, 4, 8, 8, dtype=torch.float32), signed(6, 2, 3, 3, dtype=torch.float32),
+                   None, [2], [1], [1], 2, signed(1, dtype=torch.float32), 1)
+        conv_gs_out, conv_gs_mask = ops.custom_conv_relu_add_forward(*conv_gs)
+        conv_1d = (signed(4, 9, dtype=torch.float32), signed(5, 4, 3, dtype=torch.float32),
+                   signed(5, dtype=torch.float32), [1], [2], [2], 1, signed(5, 1, dtype=torch.float32), 1)
+        conv_1d_out, conv_1d_mask = ops.custom_conv_relu_add_forward(*conv_1d)
         lin = (signed(3, 4, dtype=torch.float32), signed(5, 4, dtype=torch.float32))
         lin_out = ops.custom_linear_add_relu(*lin, None, signed(3, 5, dtype=torch.float32), 1)
         bn = (signed(4, 3, 2, dtype=torch.float32), signed(3, dtype=torch.float32), signed(3, dtype=torch.float32),
@@ -253,6 +261,12 @@ def internal_opcheck_samples():
         ("conv_relu_add_backward", ops.custom_conv_relu_add_backward,
          (signed(*conv_out.shape, **g), conv_mask, conv[0].clone().requires_grad_(True),
           conv[1].clone().requires_grad_(True), [1], [1], [1], 1, [True, True, True, True])),
+        ("conv_relu_add_backward_groups_stride", ops.custom_conv_relu_add_backward,
+         (signed(*conv_gs_out.shape, **g), conv_gs_mask, conv_gs[0].clone().requires_grad_(True),
+          conv_gs[1].clone().requires_grad_(True), [2], [1], [1], 2, [True, True, True, True])),
+        ("conv_relu_add_backward_unbatched_1d", ops.custom_conv_relu_add_backward,
+         (signed(*conv_1d_out.shape, **g), conv_1d_mask, conv_1d[0].clone().requires_grad_(True),
+          conv_1d[1].clone().requires_grad_(True), [1], [2], [2], 1, [True, True, False, True])),
         ("linear_add_relu_backward", ops.custom_linear_add_relu_backward,
          (signed(3, 5, **g), lin[0].clone().requires_grad_(True), lin[1].clone().requires_grad_(True), lin_out,
           [True, True, True])),
@@ -265,22 +279,11 @@ def internal_opcheck_samples():
     ]
 
 
-# NB: under test_aot_dispatch_dynamic the conv and BN backward ops' composite
-# kernels (what their double backward differentiates) read concrete sizes
-# (numel, sum_to_size) of symbolic tensors.  Known, for the torch.compile
-# issue; strict, so that a fix shows.
-SYMBOLIC_SIZES_GAP = {"conv_relu_add_backward", "batch_norm_add_div_swish_backward"}
-OpCheckError = torch.testing._internal.optests.generate_tests.OpCheckError
-
-
-@pytest.mark.parametrize(
-    "index",
-    [pytest.param(i, marks=pytest.mark.xfail(
-        strict=True, raises=OpCheckError,
-        reason="the composite backward reads concrete sizes of symbolic tensors"))
-     if name in SYMBOLIC_SIZES_GAP else i
-     for i, (name, _, _) in enumerate(internal_opcheck_samples())],
-    ids=[s[0] for s in internal_opcheck_samples()])
+# NB: every op, test_aot_dispatch_dynamic included: the backward ops'
+# differentiable composites (their Autograd kernels' path with a graph)
+# read only symbolic sizes.
+@pytest.mark.parametrize("index", range(len(internal_opcheck_samples())),
+                         ids=[s[0] for s in internal_opcheck_samples()])
 def test_opcheck_internal_ops(index):
     torch.manual_seed(index)
     _, op, args = internal_opcheck_samples()[index]

@@ -430,6 +430,10 @@ CONV_GRADGRAD = {
     "groups_stride_dilation": ((2, 4, 7, 7), (6, 2, 3, 3), True, (6, 1, 1),
                                dict(stride=2, dilation=2, groups=2, padding=2), None),
     "channels_last": ((2, 4, 5, 5), (6, 4, 3, 3), True, (6, 1, 1), {}, torch.channels_last),
+    # the stride leaves a remainder: grad_input's transposed convolution needs
+    # output_padding 1, grad_weight's convolution is cut from 4x4 to 3x3
+    "groups_stride_remainder": ((2, 4, 8, 8), (6, 2, 3, 3), False, (6, 1, 1),
+                                dict(stride=2, padding=1, groups=2), None),
 }
 
 

@@ -1,0 +1,773 @@
+"""The torchfuse fusions on torch.fx graphs: torch.compile and torch.export.
+
+The TorchScript passes (docs/passes.md) rewrite TorchScript IR; this module
+rewrites the same chains in FX graphs into the same ``torch.ops.torchfuse``
+ops, with the same conditions where they apply:
+
+- :func:`fuse_graph` rewrites a ``torch.fx.Graph`` in place;
+- :func:`optimize` returns a new ``GraphModule`` (sharing the parameters);
+- :func:`backend` (or :func:`make_backend`) is a ``torch.compile`` backend:
+  the rewrite, then Inductor;
+- :func:`optimize_exported` rewrites a ``torch.export.ExportedProgram``,
+  e.g. before ``torch._inductor.aoti_compile_and_package``.
+
+Two graph levels are understood: Dynamo's (torch functions, Tensor methods,
+``operator`` calls: what a ``torch.compile`` backend receives) and the ATen
+graphs of ``torch.export`` (``aten.conv2d``, ``aten.batch_norm``, ...; after
+``run_decompositions`` also ``aten.convolution``).  Both come before
+autograd: the custom ops' own Autograd kernels then give the backward (their
+``custom_*_backward`` ops), so training works.  NB: not Inductor's
+post-grad passes, whose forward graph is already split from its backward: a
+forward rewritten there keeps the unfused chain's backward, with other saved
+tensors.
+
+The registry (``torchfuse.fusions()``, the C++ table the TorchScript pipeline
+reads) gives the fusions' names, order, ops and which run by default; this
+module adds, per registry entry, the matcher for FX (the TorchScript matchers
+work on TorchScript IR and AliasDb, so they cannot serve FX graphs).
+"""
+
+import dataclasses
+import operator
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+
+import torch
+import torch.export
+import torch.fx
+import torch.nn as nn
+
+__all__ = ["fuse_graph", "optimize", "optimize_exported", "backend", "make_backend", "report", "pass_names"]
+
+_ops = torch.ops.torchfuse
+_aten = torch.ops.aten
+
+# ----------------------------------------------------------------- normalize
+
+
+@dataclass
+class _Call:
+    """A node seen as one of the chains' operations: its kind, whether it is
+    in place, and its arguments by name (defaults filled in)."""
+
+    kind: str
+    inplace: bool
+    args: Dict[str, Any] = field(default_factory=dict)
+
+
+_CONV = ["input", "weight", "bias", "stride", "padding", "dilation", "groups"]
+_CONV_DEFAULTS = dict(bias=None, stride=1, padding=0, dilation=1, groups=1)
+_BN_TORCH = ["input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps",
+             "cudnn_enabled"]
+_BN_FUNCTIONAL = ["input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"]
+_BN_DEFAULTS = dict(weight=None, bias=None, training=False, momentum=0.1, eps=1e-5)
+
+# Dynamo's targets: (kind, in place, parameter names, defaults).  Tensor
+# methods are keyed by name; their first parameter is the tensor.
+_F = torch.nn.functional
+_TORCH_TARGETS: Dict[Any, tuple] = {}
+for _fn in (torch.conv1d, torch.conv2d, torch.conv3d):
+    _TORCH_TARGETS[_fn] = ("conv", False, _CONV, _CONV_DEFAULTS)
+_TORCH_TARGETS.update({
+    torch.relu: ("relu", False, ["input"], {}),
+    torch.relu_: ("relu", True, ["input"], {}),
+    _F.relu: ("relu", None, ["input", "inplace"], dict(inplace=False)),
+    operator.add: ("add", False, ["input", "other"], dict(alpha=1)),
+    torch.add: ("add", False, ["input", "other", "alpha"], dict(alpha=1)),
+    operator.iadd: ("add", True, ["input", "other"], dict(alpha=1)),
+    torch._C._nn.linear: ("linear", False, ["input", "weight", "bias"], dict(bias=None)),
+    _F.batch_norm: ("batch_norm", False, _BN_FUNCTIONAL, _BN_DEFAULTS),
+    torch.batch_norm: ("batch_norm", False, _BN_TORCH, _BN_DEFAULTS),
+    operator.truediv: ("div", False, ["input", "other"], dict(rounding_mode=None)),
+    torch.div: ("div", False, ["input", "other", "rounding_mode"], dict(rounding_mode=None)),
+    torch.true_divide: ("div", False, ["input", "other"], dict(rounding_mode=None)),
+    operator.itruediv: ("div", True, ["input", "other"], dict(rounding_mode=None)),
+    torch.sigmoid: ("sigmoid", False, ["input"], {}),
+    _F.sigmoid: ("sigmoid", False, ["input"], {}),
+    operator.mul: ("mul", False, ["input", "other"], {}),
+    torch.mul: ("mul", False, ["input", "other"], {}),
+    operator.imul: ("mul", True, ["input", "other"], {}),
+    _F.silu: ("silu", None, ["input", "inplace"], dict(inplace=False)),
+})
+_METHOD_TARGETS = {
+    "relu": ("relu", False, ["input"], {}),
+    "relu_": ("relu", True, ["input"], {}),
+    "add": ("add", False, ["input", "other", "alpha"], dict(alpha=1)),
+    "add_": ("add", True, ["input", "other", "alpha"], dict(alpha=1)),
+    "div": ("div", False, ["input", "other", "rounding_mode"], dict(rounding_mode=None)),
+    "true_divide": ("div", False, ["input", "other"], dict(rounding_mode=None)),
+    "div_": ("div", True, ["input", "other", "rounding_mode"], dict(rounding_mode=None)),
+    "sigmoid": ("sigmoid", False, ["input"], {}),
+    "mul": ("mul", False, ["input", "other"], {}),
+    "mul_": ("mul", True, ["input", "other"], {}),
+}
+# ATen overloads (torch.export): their schemas give the parameter names.
+_ATEN_TARGETS = {
+    _aten.conv1d.default: ("conv", False),
+    _aten.conv2d.default: ("conv", False),
+    _aten.conv3d.default: ("conv", False),
+    _aten.convolution.default: ("convolution", False),
+    _aten.relu.default: ("relu", False),
+    _aten.relu_.default: ("relu", True),
+    _aten.add.Tensor: ("add", False),
+    _aten.add_.Tensor: ("add", True),
+    _aten.linear.default: ("linear", False),
+    _aten.batch_norm.default: ("batch_norm", False),
+    _aten.div.Tensor: ("div", False),
+    _aten.div.Scalar: ("div", False),
+    _aten.div_.Tensor: ("div", True),
+    _aten.sigmoid.default: ("sigmoid", False),
+    _aten.mul.Tensor: ("mul", False),
+    _aten.mul_.Tensor: ("mul", True),
+    _aten.silu.default: ("silu", False),
+    _aten.silu_.default: ("silu", True),
+}
+
+
+@dataclass(frozen=True)
+class _Attr:
+    """A submodule's parameter or buffer (of a call_module node), read with a
+    get_attr node where a fused op takes it."""
+
+    path: str
+
+
+def _module_call(node: torch.fx.Node, root) -> Optional[_Call]:
+    """call_module nodes of torch.fx.symbolic_trace: convolutions, linears
+    and activations.  NB: not BatchNorm modules: their mode and
+    num_batches_tracked update live in the module, not in the graph."""
+    if root is None or not node.args:
+        return None
+    try:
+        mod = root.get_submodule(node.target)
+    except AttributeError:
+        return None
+    x, t = node.args[0], node.target
+    if type(mod) in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
+        if mod.padding_mode != "zeros" or isinstance(mod.padding, str):
+            return None
+        bias = _Attr(f"{t}.bias") if mod.bias is not None else None
+        return _Call("conv", False, dict(input=x, weight=_Attr(f"{t}.weight"), bias=bias, stride=mod.stride,
+                                          padding=mod.padding, dilation=mod.dilation, groups=mod.groups))
+    if type(mod) is nn.Linear:
+        bias = _Attr(f"{t}.bias") if mod.bias is not None else None
+        return _Call("linear", False, dict(input=x, weight=_Attr(f"{t}.weight"), bias=bias))
+    if type(mod) is nn.ReLU:
+        return _Call("relu", mod.inplace, dict(input=x))
+    if type(mod) is nn.SiLU:
+        return _Call("silu", mod.inplace, dict(input=x))
+    if type(mod) is nn.Sigmoid:
+        return _Call("sigmoid", False, dict(input=x))
+    return None
+
+
+def _bind(names: Sequence[str], defaults: Dict[str, Any], args, kwargs) -> Optional[Dict[str, Any]]:
+    if len(args) > len(names):
+        return None
+    bound = dict(defaults)
+    bound.update(zip(names, args))
+    bound.update(kwargs)
+    return bound
+
+
+def _aten_names(op) -> tuple:
+    schema = op._schema
+    names = ["input" if a.name == "self" else a.name for a in schema.arguments]
+    defaults = {("input" if a.name == "self" else a.name): a.default_value
+                for a in schema.arguments if a.has_default_value()}
+    return names, defaults
+
+
+def _normalize(node: torch.fx.Node) -> Optional[_Call]:
+    if node.op == "call_module":
+        return _module_call(node, node.graph.owning_module)
+    if node.op == "call_method":
+        entry = _METHOD_TARGETS.get(node.target)
+    elif node.op == "call_function" and node.target in _ATEN_TARGETS:
+        kind, inplace = _ATEN_TARGETS[node.target]
+        names, defaults = _aten_names(node.target)
+        entry = (kind, inplace, names, defaults)
+    elif node.op == "call_function":
+        try:
+            entry = _TORCH_TARGETS.get(node.target)
+        except TypeError:  # an unhashable target
+            entry = None
+    else:
+        entry = None
+    if entry is None:
+        return None
+    kind, inplace, names, defaults = entry
+    bound = _bind(names, defaults, node.args, node.kwargs)
+    if bound is None:
+        return None
+    if inplace is None:  # F.relu(x, inplace=...)
+        inplace = bound.get("inplace") is True
+    if kind == "convolution":  # aten.convolution: a conv{1,2,3}d when not transposed
+        if bound.get("transposed") is not False or not _all_zero(bound.get("output_padding")):
+            return None
+        kind = "conv"
+    return _Call(kind, inplace, bound)
+
+
+def _all_zero(v) -> bool:
+    return isinstance(v, (list, tuple)) and all(isinstance(x, int) and x == 0 for x in v)
+
+
+# ------------------------------------------------------- values and aliasing
+
+
+def _meta(node) -> Any:
+    if not isinstance(node, torch.fx.Node):
+        return None
+    return node.meta.get("val", node.meta.get("example_value"))
+
+
+def _is_tensor_value(v) -> bool:
+    """A graph value that is a tensor, as far as the graph's metadata tells
+    (a node without metadata counts as one: Dynamo gives every tensor
+    metadata, and a Python number is never a node)."""
+    if isinstance(v, _Attr):
+        return True
+    if not isinstance(v, torch.fx.Node):
+        return False
+    m = _meta(v)
+    return m is None or isinstance(m, torch.Tensor)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _int_list(v) -> Optional[List[int]]:
+    """An int or a list of ints (Python values, not symbolic) as a list."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        return [v]
+    if isinstance(v, (list, tuple)) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+        return list(v)
+    return None
+
+
+_VIEW_METHODS = {
+    "view", "view_as", "reshape", "reshape_as", "transpose", "permute", "expand", "expand_as", "unsqueeze",
+    "squeeze", "flatten", "unflatten", "t", "narrow", "select", "__getitem__", "contiguous", "split", "chunk",
+    "unbind", "detach", "as_strided", "to", "type_as", "movedim", "swapaxes", "diagonal", "unfold", "real",
+    "imag", "view_as_real", "view_as_complex", "float", "double", "half", "bfloat16",
+}
+
+
+def _root(v):
+    """What v is a view of, as far as the graph shows: followed through view
+    ops (Tensor methods above; ATen ops whose result aliases an argument;
+    getitem).  Fresh results, placeholders and attributes are roots."""
+    seen = 0
+    while isinstance(v, torch.fx.Node) and seen < 10000:
+        seen += 1
+        nxt = None
+        if v.op == "call_method" and v.target in _VIEW_METHODS:
+            nxt = v.args[0]
+        elif v.op == "call_function":
+            if v.target is operator.getitem:
+                nxt = v.args[0]
+            elif isinstance(v.target, torch._ops.OpOverload):
+                ret = v.target._schema.returns
+                if ret and ret[0].alias_info is not None and v.args:
+                    nxt = v.args[0]
+            elif getattr(v.target, "__name__", None) in _VIEW_METHODS and v.args:
+                nxt = v.args[0]  # torch.transpose, torch.reshape, ...
+        if not isinstance(nxt, torch.fx.Node):
+            return v
+        v = nxt
+    return v
+
+
+def _may_alias(a, b) -> bool:
+    """Whether a and b may share memory.  NB: as the TorchScript passes take
+    them: distinct graph inputs (placeholders) and attributes are distinct;
+    distinct fresh results are distinct."""
+    if not isinstance(a, torch.fx.Node) or not isinstance(b, torch.fx.Node):
+        return False
+    return _root(a) is _root(b)
+
+
+_INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+                      operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor,
+                      operator.ilshift, operator.irshift, operator.imatmul, operator.setitem}
+
+
+def _writes(node: torch.fx.Node) -> List[Any]:
+    """The values node writes in place."""
+    out = []
+    if "out" in node.kwargs:
+        out.append(node.kwargs["out"])
+    if node.op == "call_module":
+        call = _normalize(node)
+        if call is None or call.inplace:  # an unknown module may write its input
+            out += [a for a in node.args if isinstance(a, torch.fx.Node)]
+    elif node.op == "call_method":
+        name = node.target
+        if name.endswith("_") and not name.startswith("_") and node.args:
+            out.append(node.args[0])
+    elif node.op == "call_function":
+        t = node.target
+        if t in _INPLACE_OPERATORS and node.args:
+            out.append(node.args[0])
+        elif isinstance(t, torch._ops.OpOverload):
+            for i, a in enumerate(t._schema.arguments):
+                if a.alias_info is not None and a.alias_info.is_write:
+                    out.append(node.args[i] if i < len(node.args) else node.kwargs.get(a.name))
+        elif node.kwargs.get("inplace") is True and node.args:
+            out.append(node.args[0])
+        else:
+            name = getattr(t, "__name__", "")
+            if name.endswith("_") and not name.startswith("_") and node.args:
+                out.append(node.args[0])
+        call = _normalize(node)
+        # NB: batch_norm writes its running statistics in training, though
+        # aten::batch_norm's schema does not say so.
+        if call is not None and call.kind == "batch_norm" and call.args.get("training") is not False:
+            out += [call.args.get("running_mean"), call.args.get("running_var")]
+    return [v for v in out if isinstance(v, torch.fx.Node)]
+
+
+def _between(head: torch.fx.Node, tail: torch.fx.Node) -> List[torch.fx.Node]:
+    """The nodes strictly between head and tail, in graph order."""
+    out, n = [], head.next
+    while n is not tail and n.op != "root":
+        out.append(n)
+        n = n.next
+    return out
+
+
+def _after(node: torch.fx.Node) -> List[torch.fx.Node]:
+    out, n = [], node.next
+    while n.op != "root":
+        out.append(n)
+        n = n.next
+    return out
+
+
+_MODE_SWITCHES = {"_set_grad_enabled", "_enter_autocast", "_exit_autocast", "_enter_inference_mode",
+                  "_exit_inference_mode"}
+
+
+def _switches_mode(node: torch.fx.Node) -> bool:
+    """A Dynamo node that changes grad or autocast mode (torch.no_grad() and
+    autocast regions inside a compiled function)."""
+    name = getattr(node.target, "__name__", "") if node.op == "call_function" else ""
+    return name in _MODE_SWITCHES or name.startswith("_set_")
+
+
+def _no_intervening_writes(head, tail, chain: set, inputs: Iterable) -> bool:
+    """noInterveningWrites: nothing between head and tail writes a value
+    that may alias the chain's inputs (the fused op, inserted at the tail,
+    reads them later than head did), or switches grad or autocast mode (a
+    conv under no_grad, its relu and add with grad, must not become one op
+    that records a graph for the conv)."""
+    inputs = [v for v in inputs if isinstance(v, torch.fx.Node)]
+    for n in _between(head, tail):
+        if n in chain:
+            continue
+        if _switches_mode(n):
+            return False
+        for w in _writes(n):
+            if any(_may_alias(w, v) for v in inputs):
+                return False
+    return True
+
+
+def _single_use(node: torch.fx.Node, user: torch.fx.Node) -> bool:
+    """hasSingleUse: node's only reader is user (a graph output is a use)."""
+    return len(node.users) == 1 and user in node.users
+
+
+def _autocast_regions(graph: torch.fx.Graph) -> set:
+    """The nodes inside a Dynamo autocast region (outsideScriptedAutocast:
+    chains there stay as they are, as in TorchScript)."""
+    inside, depth = set(), 0
+    for n in graph.nodes:
+        name = getattr(n.target, "__name__", "") if n.op == "call_function" else ""
+        if name == "_enter_autocast":
+            depth += 1
+        elif name == "_exit_autocast":
+            depth = max(0, depth - 1)
+        elif depth:
+            inside.add(n)
+    return inside
+
+
+# -------------------------------------------------------------------- passes
+
+
+class _Rewriter:
+    def __init__(self, graph: torch.fx.Graph, renamed: Dict[str, str]):
+        self.graph = graph
+        self.autocast = _autocast_regions(graph)
+        self.renamed = renamed
+
+    def call(self, v, kind: str) -> Optional[_Call]:
+        if not isinstance(v, torch.fx.Node) or v in self.autocast:
+            return None
+        c = _normalize(v)
+        return c if c is not None and c.kind == kind else None
+
+    def replace(self, tail: torch.fx.Node, chain: List[torch.fx.Node], op, args: tuple) -> torch.fx.Node:
+        """The fused op at the tail's place; the chain's nodes removed (the
+        tail first)."""
+        with self.graph.inserting_before(tail):
+            args = tuple(self.graph.get_attr(a.path) if isinstance(a, _Attr) else a for a in args)
+            fused = self.graph.call_function(op, args)
+        fused.meta = dict(tail.meta)
+        name = tail.name
+        tail.replace_all_uses_with(fused)
+        for n in [tail] + [c for c in reversed(chain) if c is not tail]:
+            self.graph.erase_node(n)
+        self.renamed[name] = fused.name  # an ExportedProgram's signature names its outputs
+        return fused
+
+    @staticmethod
+    def add_operands(add: _Call, node_is_first: bool):
+        """(other, alpha) of the add whose chain operand is first or second;
+        None where alphaIsOne, isTensorAdd or addPromotes fails."""
+        a = add.args
+        if add.inplace or a.get("alpha") is None or not _is_number(a["alpha"]):
+            return None
+        other = a["other"] if node_is_first else a["input"]
+        if not node_is_first and a["alpha"] != 1:
+            return None  # alpha scales the chain's operand, the op scales other
+        if not _is_tensor_value(other):
+            return None
+        return other, a["alpha"]
+
+    def chain_add(self, add_node, add: _Call, pred: Callable):
+        """The add's operand that pred accepts (the first, else the second),
+        with (other, alpha)."""
+        for first in (True, False):
+            operand = add.args["input"] if first else add.args["other"]
+            if isinstance(operand, torch.fx.Node) and pred(operand) and _single_use(operand, add_node):
+                ops = self.add_operands(add, first)
+                if ops is not None:
+                    return (operand,) + ops
+        return None
+
+    # conv{1,2,3}d -> relu -> add ------------------------------------------
+    def conv_relu_add(self) -> int:
+        count = 0
+        for node in list(self.graph.nodes):
+            add = self.call(node, "add")
+            if add is None:
+                continue
+
+            def relu_of_conv(v):
+                r = self.call(v, "relu")
+                return r is not None and self._conv(r.args["input"]) is not None and _single_use(
+                    r.args["input"], v)
+
+            found = self.chain_add(node, add, relu_of_conv)
+            if found is None:
+                continue
+            relu_node, other, alpha = found
+            conv_node = self.call(relu_node, "relu").args["input"]
+            conv = self._conv(conv_node)
+            chain = [conv_node, relu_node, node]
+            inputs = [conv["input"], conv["weight"], conv["bias"], other]
+            if not _no_intervening_writes(conv_node, node, set(chain), inputs):
+                continue
+            self.replace(node, chain, _ops.custom_conv_relu_add.default,
+                         (conv["input"], conv["weight"], conv["bias"], conv["stride"], conv["padding"],
+                          conv["dilation"], conv["groups"], other, alpha))
+            count += 1
+        return count
+
+    def _conv(self, v) -> Optional[Dict[str, Any]]:
+        """isIntListConv: a conv{1,2,3}d with int-list (not 'same'/'valid')
+        stride, padding and dilation, and an int groups."""
+        c = self.call(v, "conv")
+        if c is None:
+            return None
+        a = c.args
+        w = _meta(a.get("weight"))
+        out = {k: _int_list(a.get(k)) for k in ("stride", "padding", "dilation")}
+        if any(x is None for x in out.values()) or not isinstance(a.get("groups"), int):
+            return None
+        if not _is_tensor_value(a.get("input")) or not _is_tensor_value(a.get("weight")):
+            return None
+        if a.get("bias") is not None and not _is_tensor_value(a["bias"]):
+            return None
+        if isinstance(w, torch.Tensor) and w.dim() not in (3, 4, 5):
+            return None
+        out.update(input=a["input"], weight=a["weight"], bias=a.get("bias"), groups=a["groups"])
+        return out
+
+    # linear -> add -> relu -----------------------------------------------
+    def linear_add_relu(self) -> int:
+        count = 0
+        for node in list(self.graph.nodes):
+            relu = self.call(node, "relu")
+            if relu is None:
+                continue
+            add_node = relu.args["input"]
+            add = self.call(add_node, "add")
+            if add is None or not _single_use(add_node, node):
+                continue
+
+            def is_linear(v):
+                lin = self.call(v, "linear")
+                return lin is not None and _is_tensor_value(lin.args["input"]) and _is_tensor_value(
+                    lin.args["weight"]) and (lin.args["bias"] is None or _is_tensor_value(lin.args["bias"]))
+
+            found = self.chain_add(add_node, add, is_linear)
+            if found is None:
+                continue
+            lin_node, other, alpha = found
+            lin = self.call(lin_node, "linear").args
+            chain = [lin_node, add_node, node]
+            if not _no_intervening_writes(lin_node, node, set(chain),
+                                          [lin["input"], lin["weight"], lin["bias"], other]):
+                continue
+            self.replace(node, chain, _ops.custom_linear_add_relu.default,
+                         (lin["input"], lin["weight"], lin["bias"], other, alpha))
+            count += 1
+        return count
+
+    # batch_norm -> add -> div -> x*sigmoid(x) ----------------------------
+    def batch_norm_add_div_swish(self) -> int:
+        count = 0
+        for node in list(self.graph.nodes):
+            found = self._swish(node)
+            if found is None:
+                continue
+            t_node, chain_tail, silu = found
+            div = self.call(t_node, "div")
+            if div is None or div.inplace or div.args.get("rounding_mode") is not None:
+                continue
+            d = div.args["other"]
+            # isScalarDivisor, divisorIsNonZero
+            if not _is_number(d) or d == 0:
+                continue
+            s_node = div.args["input"]
+            add = self.call(s_node, "add")
+            if add is None or not _single_use(s_node, t_node):
+                continue
+            found_add = self.chain_add(s_node, add, lambda v: self.call(v, "batch_norm") is not None)
+            if found_add is None or found_add[2] != 1:
+                continue  # alphaIsOne
+            bn_node, other, _ = found_add
+            bn = self.call(bn_node, "batch_norm").args
+            rm, rv, training = bn.get("running_mean"), bn.get("running_var"), bn.get("training")
+            # running statistics present (the op's mutated stats cannot be
+            # optional); training, momentum and eps constants
+            if not (_is_tensor_value(rm) and _is_tensor_value(rv) and isinstance(training, bool)):
+                continue
+            if not (_is_number(bn.get("momentum")) and _is_number(bn.get("eps"))):
+                continue
+            x, w, b = bn["input"], bn.get("weight"), bn.get("bias")
+            if not _is_tensor_value(x) or any(v is not None and not _is_tensor_value(v) for v in (w, b)):
+                continue
+            chain = [bn_node, s_node, t_node] + chain_tail
+            tail = chain_tail[-1]
+            if not _no_intervening_writes(bn_node, tail, set(chain), [x, w, b, rm, rv, other]):
+                continue
+            # notWrittenAfter: the op saves other and bias for its backward
+            if any(_may_alias(wr, v) for n in _after(bn_node) if n not in chain
+                   for wr in _writes(n) for v in (other, b)):
+                continue
+            # noInterveningAccess: the statistics' update moves to the tail
+            if training and any(_may_alias(u, s) for n in _between(bn_node, tail) if n not in chain
+                                for u in n.all_input_nodes + _writes(n) for s in (rm, rv)):
+                continue
+            if training:
+                op, args = _ops.custom_batch_norm_add_div_swish.default, (
+                    x, w, b, rm, rv, True, float(bn["momentum"]), float(bn["eps"]), other, d, silu)
+            else:
+                op, args = _ops.custom_batch_norm_add_div_swish_eval.default, (
+                    x, w, b, rm, rv, float(bn["eps"]), other, d, silu)
+            self.replace(tail, chain, op, args)
+            count += 1
+        return count
+
+    def _swish(self, node):
+        """(t, the swish's nodes, silu?) where node is silu(t) or
+        t * sigmoid(t) (either order), t used only there."""
+        silu = self.call(node, "silu")
+        if silu is not None:
+            t = silu.args["input"]
+            if silu.inplace or not isinstance(t, torch.fx.Node) or not _single_use(t, node):
+                return None
+            return t, [node], True
+        mul = self.call(node, "mul")
+        if mul is None or mul.inplace:
+            return None
+        a, b = mul.args["input"], mul.args["other"]
+        for t, sig_node in ((a, b), (b, a)):
+            sig = self.call(sig_node, "sigmoid")
+            if sig is None or sig.args["input"] is not t or not isinstance(t, torch.fx.Node):
+                continue
+            if _single_use(sig_node, node) and set(t.users) == {sig_node, node}:
+                return t, [sig_node, node], False
+        return None
+
+    # a standalone relu ---------------------------------------------------
+    def relu(self) -> int:
+        count = 0
+        for node in list(self.graph.nodes):
+            relu = self.call(node, "relu")
+            if relu is None:
+                continue
+            x = relu.args["input"]
+            if not _is_tensor_value(x):
+                continue
+            if relu.inplace and not self._fresh_unaliased(x, node):
+                continue
+            self.replace(node, [node], _ops.custom_relu.default, (x,))
+            count += 1
+        return count
+
+    @staticmethod
+    def _fresh_unaliased(x, user) -> bool:
+        """isFreshUnaliasedTensor: x is a fresh result (not a graph input,
+        attribute or view) read only by user."""
+        if x.op not in ("call_function", "call_method") or _root(x) is not x or not _single_use(x, user):
+            return False
+        if isinstance(x.target, torch._ops.OpOverload):
+            return not x.target._schema.is_mutable
+        c = _normalize(x)
+        return c is not None and not c.inplace and c.kind in ("conv", "linear", "add", "mul", "div", "batch_norm")
+
+
+_PASSES: Dict[str, Callable[[_Rewriter], int]] = {
+    "conv_relu_add": _Rewriter.conv_relu_add,
+    "linear_add_relu": _Rewriter.linear_add_relu,
+    "batch_norm_add_div_swish": _Rewriter.batch_norm_add_div_swish,
+    "relu": _Rewriter.relu,
+}
+
+
+def _registry() -> list:
+    import torchfuse
+
+    return torchfuse.fusions()
+
+
+def pass_names() -> list:
+    """The registry's pass names, in pipeline order (as torchfuse.pass_names())."""
+    return [f["name"] for f in _registry()]
+
+
+def _selected(passes: Optional[Iterable[str]], what: str) -> list:
+    registry = _registry()
+    missing = [f["name"] for f in registry if f["name"] not in _PASSES]
+    if missing:  # NB: a registry entry without an FX matcher is a torchfuse bug
+        raise RuntimeError(f"torchfuse.fx: no FX rewrite for the registry's {missing}")
+    if passes is None:
+        return [f["name"] for f in registry if f["by_default"]]
+    if isinstance(passes, (str, bytes)):
+        raise TypeError(f"torchfuse.fx.{what}: expected passes to be a list of pass names, got the "
+                        f"{type(passes).__name__} {passes!r}; write passes=[{passes!r}]")
+    names = list(passes)
+    known = [f["name"] for f in registry]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"torchfuse.fx.{what}: unknown pass name(s) {unknown}; expected some of {known}")
+    return [n for n in known if n in names]  # the registry's order
+
+
+def fuse_graph(graph: torch.fx.Graph, passes: Optional[Iterable[str]] = None) -> Dict[str, int]:
+    """Rewrites the chains of ``graph`` (a Dynamo or ATen-level FX graph) in
+    place, the registry's fusions in its order (``passes``: default those on
+    by default); returns how many chains each fused."""
+    if not isinstance(graph, torch.fx.Graph):
+        raise TypeError(f"torchfuse.fx.fuse_graph: expected a torch.fx.Graph, got {type(graph).__name__}")
+    return _fuse(graph, _selected(passes, "fuse_graph"), {})
+
+
+def _fuse(graph: torch.fx.Graph, names: list, renamed: Dict[str, str]) -> Dict[str, int]:
+    counts = {name: _PASSES[name](_Rewriter(graph, renamed)) for name in names}
+    graph.lint()
+    return counts
+
+
+def optimize(gm: torch.fx.GraphModule, *, passes: Optional[Iterable[str]] = None) -> torch.fx.GraphModule:
+    """Returns a new GraphModule whose graph has the chains replaced by the
+    torchfuse ops; it shares ``gm``'s submodules, parameters and buffers,
+    and ``gm`` is left unchanged."""
+    if not isinstance(gm, torch.fx.GraphModule):
+        raise TypeError(
+            f"torchfuse.fx.optimize: expected a torch.fx.GraphModule, got {type(gm).__name__}; "
+            "use torch.fx.symbolic_trace, torch.export (optimize_exported) or torch.compile(backend=torchfuse.fx.backend)")
+    return _optimize(gm, _selected(passes, "optimize"), {})
+
+
+def _optimize(gm: torch.fx.GraphModule, names: list, renamed: Dict[str, str]) -> torch.fx.GraphModule:
+    graph = torch.fx.Graph(owning_module=None, tracer_cls=gm.graph._tracer_cls)
+    out = graph.graph_copy(gm.graph, {})
+    graph.output(out)
+    graph._codegen = gm.graph._codegen
+    # NB: the new module first: it owns the graph, whose call_module nodes
+    # the rewrite reads through it, and it shares gm's submodules.
+    result = torch.fx.GraphModule(gm, graph, gm.__class__.__name__)
+    _fuse(result.graph, names, renamed)
+    result.recompile()
+    return result
+
+
+def report(gm) -> Dict[str, int]:
+    """Counts, per pass name, the torchfuse ops of that registry entry in a
+    GraphModule or ExportedProgram (as torchfuse.report for TorchScript)."""
+    if isinstance(gm, torch.export.ExportedProgram):
+        gm = gm.graph_module
+    targets = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            targets[n.target.name()] = targets.get(n.target.name(), 0) + 1
+    return {f["name"]: sum(targets.get(op, 0) for op in f["ops"]) for f in _registry()}
+
+
+def optimize_exported(ep: "torch.export.ExportedProgram", *,
+                      passes: Optional[Iterable[str]] = None) -> "torch.export.ExportedProgram":
+    """Returns a new ExportedProgram with the chains of ``ep``'s graph
+    replaced by the torchfuse ops; ``ep`` is left unchanged (the two share
+    the state_dict's tensors).  Takes the training IR that
+    ``torch.export.export`` gives and, after ``run_decompositions``, the
+    convolutions of core ATen."""
+    if not isinstance(ep, torch.export.ExportedProgram):
+        raise TypeError(f"torchfuse.fx.optimize_exported: expected a torch.export.ExportedProgram, got "
+                        f"{type(ep).__name__}; call torch.export.export first")
+    renamed: Dict[str, str] = {}
+    gm = _optimize(ep.graph_module, _selected(passes, "optimize_exported"), renamed)
+    outputs = []
+    for spec in ep.graph_signature.output_specs:
+        name = getattr(spec.arg, "name", None)
+        while name in renamed:  # a fused op's result replaces a chain's
+            name = renamed[name]
+        if name is not None and name != spec.arg.name:
+            spec = dataclasses.replace(spec, arg=dataclasses.replace(spec.arg, name=name))
+        outputs.append(spec)
+    signature = torch.export.graph_signature.ExportGraphSignature(
+        input_specs=list(ep.graph_signature.input_specs), output_specs=outputs)
+    # NB: not ep._update, whose deepcopy of the module call graph warns
+    # (pytree's LeafSpec deprecation); the new program shares ep's entries.
+    return torch.export.ExportedProgram(
+        root=gm, graph=gm.graph, graph_signature=signature, state_dict=ep.state_dict,
+        range_constraints=dict(ep.range_constraints), module_call_graph=list(ep.module_call_graph),
+        example_inputs=ep.example_inputs, constants=ep.constants, verifiers=ep.verifiers)
+
+
+def make_backend(passes: Optional[Iterable[str]] = None, inner: Any = "inductor") -> Callable:
+    """A torch.compile backend: the rewrite of :func:`fuse_graph` on
+    Dynamo's graph, then ``inner`` (a backend name or callable; default
+    Inductor)."""
+    selected = _selected(passes, "make_backend")
+
+    def torchfuse_backend(gm: torch.fx.GraphModule, example_inputs):
+        fuse_graph(gm.graph, selected)
+        gm.recompile()
+        compiler = torch._dynamo.lookup_backend(inner) if isinstance(inner, str) else inner
+        return compiler(gm, example_inputs)
+
+    return torchfuse_backend
+
+
+def backend(gm: torch.fx.GraphModule, example_inputs):
+    """``torch.compile(model, backend=torchfuse.fx.backend)``: the default
+    fusions, then Inductor."""
+    return make_backend()(gm, example_inputs)
