@@ -120,8 +120,8 @@ CASES = {
 RELU_CASES = [name for name in CASES if not name.startswith("bn")]
 # NB: eager's third order through a training-mode batch_norm is not the
 # derivative: batchnorm_double_backward reads the forward's saved batch
-# statistics, whose own gradients native_batch_norm's formula drops (eager
-# fails gradgradcheck of its gradient, below).  The fused op recomputes them
+# statistics, native_batch_norm's non-differentiable outputs, as constants
+# (eager fails gradgradcheck of its gradient).  The fused op recomputes them
 # from the input; its third order is checked against finite differences.
 EAGER_THIRD_ORDER_WRONG = {"bn_train_silu", "bn_train_product"}
 
