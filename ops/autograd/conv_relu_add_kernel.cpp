@@ -67,7 +67,11 @@ class ConvReluGradFunction : public torch::autograd::Function<ConvReluGradFuncti
 
   // NB: a select, not a product: a masked NaN or Inf gradient gives 0, as
   // threshold_backward's.  The unpacked mask lives only for this call.
-  static at::Tensor masked(const at::Tensor& dy, const at::Tensor& mask, bool batched, int64_t order) {
+  static at::Tensor masked(
+      const at::Tensor& dy,
+      const at::Tensor& mask,
+      bool batched,
+      int64_t order) {
     return at::where(
         unpackConvMask(mask, dy.sizes(), batched, static_cast<ConvMaskOrder>(order)), dy,
         at::zeros({}, dy.options()));
@@ -145,8 +149,7 @@ class ConvReluAddFunction : public torch::autograd::Function<ConvReluAddFunction
             dy.sum_to_size(conv_sizes).to(input.scalar_type()), saved[2], saved[3], batched,
             static_cast<int64_t>(convMaskOrder(input, weight)));
         std::tie(grad_input, grad_weight, grad_bias) = convolveBackward(
-            grad, input, weight, stride, padding, dilation, groups,
-            {needs(0), needs(1), needs(2)});
+            grad, input, weight, stride, padding, dilation, groups, {needs(0), needs(1), needs(2)});
       }
       if (needs_other) {
         grad_other = scaledBy(grad_out.sum_to_size(other_sizes), alpha);
@@ -163,8 +166,8 @@ class ConvReluAddFunction : public torch::autograd::Function<ConvReluAddFunction
       std::tie(grad_input, grad_weight, grad_bias, grad_channels) = convReluAddBackward(
           {dy, saved[2], input, weight, stride, padding, dilation, groups, mask});
       if (needs_other) {
-        grad_other = channel_other ? grad_channels.reshape(other_sizes)
-                                   : grad_out.sum_to_size(other_sizes);
+        grad_other =
+            channel_other ? grad_channels.reshape(other_sizes) : grad_out.sum_to_size(other_sizes);
         grad_other = scaledBy(grad_other, alpha);
       }
     }
