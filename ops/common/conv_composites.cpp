@@ -69,8 +69,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolveBackward(
   return {grad_input, grad_weight, grad_bias};
 }
 
-namespace {
-
 // convolveBackward as convolutions, whose derivative is convolution_backward.
 // NB: for the backward that records a graph (double backward):
 // convolution_backward's own derivative, _convolution_double_backward,
@@ -146,8 +144,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolveBackwardAsConvolutions(
   }
   return {grad_input, grad_weight, grad_bias};
 }
-
-} // namespace
 
 std::tuple<at::Tensor, at::Tensor> convReluAddEpilogueComposite(
     const at::Tensor& conv,

@@ -37,6 +37,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolveBackward(
     at::IntArrayRef dilation,
     int64_t groups,
     std::array<bool, 3> output_mask);
+// convolveBackward as convolutions, whose first derivative reads only
+// symbolic sizes: for a backward that records a graph.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolveBackwardAsConvolutions(
+    const at::Tensor& grad,
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    std::array<bool, 3> output_mask);
 
 // The composites' pointwise part, on `conv`, the convolution of input and
 // weight (bias included) already computed: relu(conv) + alpha * other and,

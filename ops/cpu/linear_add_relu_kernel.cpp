@@ -1,7 +1,6 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "ops/common/relu_mask.h"
 #include "ops/linear_add_relu.h"
 
 namespace torchfuse::ops {
@@ -10,9 +9,12 @@ LinearAddReluGrads linearAddReluBackwardComposite(const LinearAddReluBackwardArg
   const auto& [grad_output, input, weight, result, output_mask] = a;
   const int64_t in_features = weight.size(1);
   const int64_t out_features = weight.size(0);
-  // threshold_backward's rule: the gradient passes where !(result <= 0).
+  // Eager relu's own backward: the gradient passes where !(result <= 0).
+  // NB: in a double backward its derivative gives `result` an explicit zero
+  // gradient, which flows back through the op into linear and other, as
+  // eager's flows through relu (0 times an infinite derivative is NaN).
   const auto grad_sum =
-      grad_output.masked_fill(reluKeep(result).logical_not(), 0);
+      at::threshold_backward(grad_output, result, 0).to(grad_output.scalar_type());
   // `other` may broadcast the result beyond the linear output's shape.
   auto linear_sizes = input.sizes().vec();
   linear_sizes.back() = out_features;
