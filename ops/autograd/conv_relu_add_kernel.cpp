@@ -154,8 +154,9 @@ class ConvReluAddFunction : public torch::autograd::Function<ConvReluAddFunction
         const auto grad = ConvReluGradFunction::apply(
             dy.sum_to_size_symint(conv_sizes).to(input.scalar_type()), saved[2], saved[3], batched,
             static_cast<int64_t>(convMaskOrder(input, weight)));
-        std::tie(grad_input, grad_weight, grad_bias) = convolveBackwardAsConvolutions(
-            grad, input, weight, stride, padding, dilation, groups, {needs(0), needs(1), needs(2)});
+        std::tie(grad_input, grad_weight, grad_bias) = convolveBackward(
+            grad, input, weight, stride, padding, dilation, groups, {needs(0), needs(1), needs(2)},
+            /*recording=*/true);
       }
       if (needs_other) {
         grad_other = scaledBy(grad_out.sum_to_size_symint(other_sizes), alpha);

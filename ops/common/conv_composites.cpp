@@ -37,9 +37,7 @@ std::vector<int64_t> expanded(at::IntArrayRef v, int64_t n) {
   return v.size() == 1 ? std::vector<int64_t>(n, v[0]) : v.vec();
 }
 
-} // namespace
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> convolveBackward(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
     const at::Tensor& grad,
     const at::Tensor& input,
     const at::Tensor& weight,
@@ -69,7 +67,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolveBackward(
   return {grad_input, grad_weight, grad_bias};
 }
 
-// convolveBackward as convolutions, whose derivative is convolution_backward.
+// convolutionBackward as convolutions, whose derivative is convolution_backward.
 // NB: for the backward that records a graph (double backward):
 // convolution_backward's own derivative, _convolution_double_backward,
 // reads concrete sizes, so it cannot be traced with symbolic shapes
@@ -82,7 +80,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolveBackward(
 //     batch, images as channels) with grad (images as channels), stride and
 //     dilation swapped, cut to the kernel's size;
 //   grad_bias: grad's sums per channel.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> convolveBackwardAsConvolutions(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackwardAsConvolutions(
     const at::Tensor& grad,
     const at::Tensor& input,
     const at::Tensor& weight,
@@ -145,6 +143,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolveBackwardAsConvolutions(
   return {grad_input, grad_weight, grad_bias};
 }
 
+} // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolveBackward(
+    const at::Tensor& grad,
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    std::array<bool, 3> output_mask,
+    bool recording) {
+  return (recording ? convolutionBackwardAsConvolutions : convolutionBackward)(
+      grad, input, weight, stride, padding, dilation, groups, output_mask);
+}
+
 std::tuple<at::Tensor, at::Tensor> convReluAddEpilogueComposite(
     const at::Tensor& conv,
     const at::Tensor& input,
@@ -200,10 +214,9 @@ ConvReluAddGrads convReluAddBackwardComposite(const ConvReluAddBackwardArgs& a) 
   const auto grad = at::where(
       unpackConvMask(mask, conv_sizes, batched, convMaskOrder(input, weight)), summed,
       at::zeros({}, summed.options()));
-  auto [grad_input, grad_weight, grad_bias] =
-      (needsGraph(grad_output, input, weight) ? convolveBackwardAsConvolutions : convolveBackward)(
-          grad, input, weight, stride, padding, dilation, groups,
-          {output_mask[0], output_mask[1], output_mask[2]});
+  auto [grad_input, grad_weight, grad_bias] = convolveBackward(
+      grad, input, weight, stride, padding, dilation, groups,
+      {output_mask[0], output_mask[1], output_mask[2]}, needsGraph(grad_output, input, weight));
   return {
       grad_input, grad_weight, grad_bias,
       output_mask[3] ? convChannelSums(dy, batched) : at::Tensor()};

@@ -28,6 +28,11 @@ at::Tensor convolve(
     int64_t groups);
 // a's convolution (bias included).
 at::Tensor convolve(const ConvReluAddArgs& a);
+// The gradients of a convolution (without bias: grad_bias is grad's sums)
+// for output_mask's (input, weight, bias).  `recording`: for a backward that
+// records a graph, as convolutions, whose first derivative reads only
+// symbolic sizes (convolution_backward's does not); else
+// convolution_backward, which is faster.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolveBackward(
     const at::Tensor& grad,
     const at::Tensor& input,
@@ -36,18 +41,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolveBackward(
     at::IntArrayRef padding,
     at::IntArrayRef dilation,
     int64_t groups,
-    std::array<bool, 3> output_mask);
-// convolveBackward as convolutions, whose first derivative reads only
-// symbolic sizes: for a backward that records a graph.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> convolveBackwardAsConvolutions(
-    const at::Tensor& grad,
-    const at::Tensor& input,
-    const at::Tensor& weight,
-    at::IntArrayRef stride,
-    at::IntArrayRef padding,
-    at::IntArrayRef dilation,
-    int64_t groups,
-    std::array<bool, 3> output_mask);
+    std::array<bool, 3> output_mask,
+    bool recording = false);
 
 // The composites' pointwise part, on `conv`, the convolution of input and
 // weight (bias included) already computed: relu(conv) + alpha * other and,
