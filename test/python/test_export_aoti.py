@@ -6,7 +6,6 @@ linking torchfuse::ops) run as eager does."""
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -20,7 +19,9 @@ import torch.nn.functional as F
 import torchfuse.fx as tfx
 from torchfuse import export_cli
 
-REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from example_apps import build_example, cmake  # noqa: E402
+
 # NB: torch.export.load of a saved program warns (torch's own
 # frombuffer of its read-only archive), which the suite's "error" filter
 # would turn into a failure
@@ -137,25 +138,14 @@ def _build_dir() -> Path:
     return Path(build)
 
 
-def _cmake(*args):
-    return subprocess.run(["cmake", *map(str, args)], capture_output=True, text=True, timeout=900)
-
-
 @pytest.fixture(scope="module")
 def aoti_app(tmp_path_factory):
     """examples/aoti_inference built against the installed package."""
     prefix = tmp_path_factory.mktemp("prefix")
-    proc = _cmake("--install", _build_dir(), "--prefix", prefix)
+    proc = cmake("--install", _build_dir(), "--prefix", prefix)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    build = tmp_path_factory.mktemp("aoti_inference")
-    launcher = ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"] if shutil.which("ccache") else []
-    proc = _cmake("-S", REPO / "examples" / "aoti_inference", "-B", build,
-                  f"-DCMAKE_PREFIX_PATH={prefix};{torch.utils.cmake_prefix_path}", "-DCMAKE_BUILD_TYPE=Release",
-                  *launcher)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    proc = _cmake("--build", build, "-j", "2")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return build / "aoti_inference"
+    return build_example("aoti_inference", f"{prefix};{torch.utils.cmake_prefix_path}",
+                         tmp_path_factory.mktemp("aoti_inference"))
 
 
 def test_aoti_package_runs_in_python_and_cpp_as_eager(tmp_path, aoti_app):

@@ -32,6 +32,9 @@ import torch
 
 import torchfuse
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from example_apps import build_example  # noqa: E402
+
 try:
     import tomllib
 except ImportError:  # Python 3.10
@@ -401,12 +404,7 @@ def test_find_package_from_the_environment_builds_the_example(venv, wheel_root, 
     env = _user_env(venv)
     build = _work_dir(wheel_root) / "cpp_inference"
     shutil.rmtree(build, ignore_errors=True)
-    launcher = ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"] if shutil.which("ccache") else []
-    _check(_run(["cmake", "-S", REPO / "examples" / "cpp_inference", "-B", build,
-                 f"-DCMAKE_PREFIX_PATH={torchfuse_prefix};{torch_prefix}",
-                 "-DCMAKE_BUILD_TYPE=Release", *launcher], env=env), "cmake configure")
-    _check(_run(["cmake", "--build", build, "-j", "2"], env=env), "cmake --build")
-    app = build / "cpp_inference"
+    app = build_example("cpp_inference", f"{torchfuse_prefix};{torch_prefix}", build, env=env)
     ldd = _check(_run(["ldd", app], env=env), "ldd").stdout
     ops = re.search(r"libtorchfuse_ops\.so => (\S+)", ldd)
     assert ops and Path(ops.group(1)).resolve().is_relative_to(venv.resolve()), ldd

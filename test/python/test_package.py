@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,9 @@ import torch
 
 import torchfuse
 
-REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from example_apps import build_example, cmake  # noqa: E402
+
 TORCH_VERSION = torch.__version__.split("+")[0]
 
 
@@ -24,23 +27,12 @@ def _build_dir() -> Path:
     return Path(build)
 
 
-def _cmake(*args, cwd=None, timeout=600):
-    return subprocess.run(
-        ["cmake", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout
-    )
-
-
-def _launcher_args():
-    # ccache keeps the repeated example builds fast.
-    return ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"] if shutil.which("ccache") else []
-
-
 @pytest.fixture(scope="module")
 def prefix(tmp_path_factory):
     """The build under test, installed into a fresh prefix."""
     build = _build_dir()
     prefix = tmp_path_factory.mktemp("prefix")
-    proc = _cmake("--install", build, "--prefix", prefix)
+    proc = cmake("--install", build, "--prefix", prefix)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return prefix
 
@@ -48,15 +40,8 @@ def prefix(tmp_path_factory):
 @pytest.fixture(scope="module")
 def example_app(prefix, tmp_path_factory):
     """examples/cpp_inference configured and built against the installed package."""
-    build = tmp_path_factory.mktemp("cpp_inference")
-    prefix_path = f"{prefix};{torch.utils.cmake_prefix_path}"
-    proc = _cmake("-S", REPO / "examples" / "cpp_inference", "-B", build,
-                  f"-DCMAKE_PREFIX_PATH={prefix_path}", "-DCMAKE_BUILD_TYPE=Release",
-                  *_launcher_args())
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    proc = _cmake("--build", build, "-j", "2")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return build / "cpp_inference"
+    return build_example("cpp_inference", f"{prefix};{torch.utils.cmake_prefix_path}",
+                         tmp_path_factory.mktemp("cpp_inference"))
 
 
 class Net(torch.nn.Module):
@@ -163,7 +148,7 @@ def test_config_gives_the_passes_component(prefix, tmp_path):
         "  endif()\n"
         "endforeach()\n"
     )
-    proc = _cmake("-S", project, "-B", tmp_path / "build",
+    proc = cmake("-S", project, "-B", tmp_path / "build",
                   f"-DCMAKE_PREFIX_PATH={prefix};{torch.utils.cmake_prefix_path}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -192,7 +177,7 @@ def _configure_with_torch_dir(prefix, tmp_path, torch_dir):
         "project(consumer LANGUAGES NONE)\n"
         "find_package(torchfuse REQUIRED)\n"
     )
-    return _cmake("-S", project, "-B", tmp_path / "build", f"-DCMAKE_PREFIX_PATH={prefix}",
+    return cmake("-S", project, "-B", tmp_path / "build", f"-DCMAKE_PREFIX_PATH={prefix}",
                   f"-DTorch_DIR={torch_dir}")
 
 
