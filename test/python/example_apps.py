@@ -2,9 +2,12 @@
 torchfuse, as a user builds them: the tests of the CMake package, the wheel
 and the AOTInductor package share this."""
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,3 +31,28 @@ def build_example(name: str, prefix_path: str, build: Path, env=None) -> Path:
     proc = cmake("--build", build, "-j", "2", env=env)
     assert proc.returncode == 0, f"cmake --build of {name} failed:\n{proc.stdout}\n{proc.stderr}"
     return build / name
+
+
+def build_dir() -> Path:
+    """The build under test (TORCHFUSE_BUILD_DIR, which env.sh sets)."""
+    build = os.environ.get("TORCHFUSE_BUILD_DIR")
+    if not build:
+        pytest.skip("TORCHFUSE_BUILD_DIR is not set; source env.sh after `make build`")
+    return Path(build)
+
+
+def write_passes_consumer(project: Path, extra: str = "") -> Path:
+    """A CMake project that finds torchfuse with its passes component and
+    fails unless both targets exist; `extra` is appended."""
+    project.mkdir(parents=True, exist_ok=True)
+    (project / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.22)\n"
+        "project(consumer LANGUAGES CXX)\n"
+        "find_package(torchfuse 0.1 REQUIRED COMPONENTS passes)\n"
+        "foreach(t torchfuse::ops torchfuse::passes)\n"
+        "  if(NOT TARGET ${t})\n"
+        "    message(FATAL_ERROR \"missing ${t}\")\n"
+        "  endif()\n"
+        "endforeach()\n" + extra
+    )
+    return project

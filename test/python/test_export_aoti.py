@@ -20,7 +20,7 @@ import torchfuse.fx as tfx
 from torchfuse import export_cli
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from example_apps import build_example, cmake  # noqa: E402
+from example_apps import build_dir, build_example, cmake  # noqa: E402
 
 # NB: torch.export.load of a saved program warns (torch's own
 # frombuffer of its read-only archive), which the suite's "error" filter
@@ -131,18 +131,11 @@ def test_cli_check_accuracy_fails_on_a_difference(tmp_path, capsys, monkeypatch)
 # ---------------------------------------------------------- AOTInductor
 
 
-def _build_dir() -> Path:
-    build = os.environ.get("TORCHFUSE_BUILD_DIR")
-    if not build:
-        pytest.skip("TORCHFUSE_BUILD_DIR is not set; source env.sh after `make build`")
-    return Path(build)
-
-
 @pytest.fixture(scope="module")
 def aoti_app(tmp_path_factory):
     """examples/aoti_inference built against the installed package."""
     prefix = tmp_path_factory.mktemp("prefix")
-    proc = cmake("--install", _build_dir(), "--prefix", prefix)
+    proc = cmake("--install", build_dir(), "--prefix", prefix)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return build_example("aoti_inference", f"{prefix};{torch.utils.cmake_prefix_path}",
                          tmp_path_factory.mktemp("aoti_inference"))

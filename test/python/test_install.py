@@ -33,7 +33,7 @@ import torch
 import torchfuse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from example_apps import build_example  # noqa: E402
+from example_apps import build_dir, build_example, write_passes_consumer  # noqa: E402
 
 try:
     import tomllib
@@ -52,10 +52,7 @@ def _project_version() -> str:
 
 
 def _build_dir() -> Path:
-    build = os.environ.get("TORCHFUSE_BUILD_DIR")
-    if not build:
-        pytest.skip("TORCHFUSE_BUILD_DIR is not set; source env.sh after `make build`")
-    return Path(build).resolve()
+    return build_dir().resolve()
 
 
 def _cache_entry(build: Path, name: str) -> str:
@@ -455,20 +452,9 @@ def test_cmake_install_installs_the_python_package(tmp_path):
 def test_development_build_cmake_prefix_path_is_the_build_tree(tmp_path):
     build = _build_dir()
     assert Path(torchfuse.utils.cmake_prefix_path) == build
-    project = tmp_path / "consumer"
-    project.mkdir()
-    (project / "CMakeLists.txt").write_text(
-        "cmake_minimum_required(VERSION 3.22)\n"
-        "project(consumer LANGUAGES CXX)\n"
-        "find_package(torchfuse 0.1 REQUIRED COMPONENTS passes)\n"
-        "foreach(t torchfuse::ops torchfuse::passes)\n"
-        "  if(NOT TARGET ${t})\n"
-        "    message(FATAL_ERROR \"missing ${t}\")\n"
-        "  endif()\n"
-        "endforeach()\n"
-        "get_target_property(lib torchfuse::ops_shared LOCATION)\n"
-        "message(STATUS \"ops library: ${lib}\")\n"
-    )
+    project = write_passes_consumer(tmp_path / "consumer",
+                                    "get_target_property(lib torchfuse::ops_shared LOCATION)\n"
+                                    "message(STATUS \"ops library: ${lib}\")\n")
     proc = _check(_run(["cmake", "-S", project, "-B", tmp_path / "out",
                         f"-DCMAKE_PREFIX_PATH={torchfuse.utils.cmake_prefix_path};"
                         f"{torch.utils.cmake_prefix_path}"]), "cmake configure")

@@ -15,22 +15,15 @@ import torch
 import torchfuse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from example_apps import build_example, cmake  # noqa: E402
+from example_apps import build_dir, build_example, cmake, write_passes_consumer  # noqa: E402
 
 TORCH_VERSION = torch.__version__.split("+")[0]
-
-
-def _build_dir() -> Path:
-    build = os.environ.get("TORCHFUSE_BUILD_DIR")
-    if not build:
-        pytest.skip("TORCHFUSE_BUILD_DIR is not set; source env.sh after `make build`")
-    return Path(build)
 
 
 @pytest.fixture(scope="module")
 def prefix(tmp_path_factory):
     """The build under test, installed into a fresh prefix."""
-    build = _build_dir()
+    build = build_dir()
     prefix = tmp_path_factory.mktemp("prefix")
     proc = cmake("--install", build, "--prefix", prefix)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -65,7 +58,7 @@ def _optimized_model(tmp_path) -> Path:
     else:
         src = tmp_path / "net.pt"
         scripted.save(str(src))
-        cli = _build_dir() / "bin" / "optimize-model"
+        cli = build_dir() / "bin" / "optimize-model"
         if not cli.exists():
             pytest.skip("neither torchfuse.optimize nor optimize-model is built")
         subprocess.run([str(cli), str(src), str(path), "--freeze", "-q"], check=True)
@@ -121,7 +114,7 @@ def test_example_links_the_ops_library_without_referencing_it(example_app):
 def test_installed_cli_runs_from_the_prefix(prefix, tmp_path):
     cli = prefix / "bin" / "optimize-model"
     if not cli.exists():
-        if (_build_dir() / "bin" / "optimize-model").exists():
+        if (build_dir() / "bin" / "optimize-model").exists():
             pytest.fail("optimize-model is built but was not installed")
         pytest.skip("optimize-model is not built (no torchfuse_passes yet)")
     torch.manual_seed(0)
@@ -136,18 +129,7 @@ def test_installed_cli_runs_from_the_prefix(prefix, tmp_path):
 def test_config_gives_the_passes_component(prefix, tmp_path):
     if not list((prefix / "lib").glob("libtorchfuse_passes.so*")):
         pytest.skip("this build has no torchfuse_passes library yet")
-    project = tmp_path / "consumer"
-    project.mkdir()
-    (project / "CMakeLists.txt").write_text(
-        "cmake_minimum_required(VERSION 3.22)\n"
-        "project(consumer LANGUAGES CXX)\n"
-        "find_package(torchfuse 0.1 REQUIRED COMPONENTS passes)\n"
-        "foreach(t torchfuse::ops torchfuse::passes)\n"
-        "  if(NOT TARGET ${t})\n"
-        "    message(FATAL_ERROR \"missing ${t}\")\n"
-        "  endif()\n"
-        "endforeach()\n"
-    )
+    project = write_passes_consumer(tmp_path / "consumer")
     proc = cmake("-S", project, "-B", tmp_path / "build",
                   f"-DCMAKE_PREFIX_PATH={prefix};{torch.utils.cmake_prefix_path}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
