@@ -296,20 +296,37 @@ void checkOtherDevice(const char* op, const at::Tensor& other, const at::Tensor&
 }
 } // namespace
 
+std::vector<int64_t> checkConvAndBias(
+    const char* op,
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups) {
+  const auto out = checkConvolution(op, {input, weight, stride, padding, dilation, groups});
+  if (bias.has_value() && bias->defined()) {
+    checkDim(op, "bias", *bias, 1);
+    TORCH_CHECK(
+        bias->size(0) == weight.size(0), op,
+        ": expected bias to have weight.size(0) = ", weight.size(0), " elements, got ",
+        bias->size(0));
+    checkSameDtype(op, "bias", *bias, input);
+    checkSameDevice(op, "bias", *bias, input);
+  }
+  return out;
+}
+
+void checkConvOther(const char* op, const at::Tensor& other, const at::Tensor& input) {
+  checkDefined(op, "other", other);
+  checkOtherDevice(op, other, input);
+}
+
 std::vector<int64_t> checkConvReluAddInputs(const ConvReluAddArgs& a) {
   const auto& [input, weight, bias, stride, padding, dilation, groups, other, alpha] = a;
-  const auto out = checkConvolution(kOp, {input, weight, stride, padding, dilation, groups});
-  checkDefined(kOp, "other", other);
-  checkOtherDevice(kOp, other, input);
-  if (bias.has_value() && bias->defined()) {
-    checkDim(kOp, "bias", *bias, 1);
-    TORCH_CHECK(
-        bias->size(0) == weight.size(0), kOp,
-        ": expected bias to have weight.size(0) = ", weight.size(0),
-        " elements, got ", bias->size(0));
-    checkSameDtype(kOp, "bias", *bias, input);
-    checkSameDevice(kOp, "bias", *bias, input);
-  }
+  const auto out = checkConvAndBias(kOp, input, weight, bias, stride, padding, dilation, groups);
+  checkConvOther(kOp, other, input);
   checkBroadcastable(kOp, other, out);
   return out;
 }
@@ -342,16 +359,23 @@ void checkConvReluAddBackwardMaskType(const at::Tensor& mask) {
       mask.sym_sizes());
 }
 
-bool convReluAddHandles(const ConvReluAddArgs& a) {
-  if (!isPlainDenseTensor(a.input) || !isPlainDenseTensor(a.weight) ||
-      !isPlainDenseTensor(orUndefined(a.bias)) || !isPlainDenseTensor(a.other)) {
+bool convKernelsHandle(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& other) {
+  if (!isPlainDenseTensor(input) || !isPlainDenseTensor(weight) ||
+      !isPlainDenseTensor(orUndefined(bias)) || !isPlainDenseTensor(other)) {
     return false;
   }
   // NB: add takes a 0-dim CPU `other` on any device; the CUDA kernels read
   // other on the input's device.
   return !(
-      a.other.defined() && a.input.defined() && a.other.dim() == 0 && a.other.is_cpu() &&
-      !a.input.is_cpu());
+      other.defined() && input.defined() && other.dim() == 0 && other.is_cpu() && !input.is_cpu());
+}
+
+bool convReluAddHandles(const ConvReluAddArgs& a) {
+  return convKernelsHandle(a.input, a.weight, a.bias, a.other);
 }
 
 at::Tensor convReluAddReference(const ConvReluAddArgs& a) {

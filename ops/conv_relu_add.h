@@ -112,6 +112,21 @@ at::MemoryFormat convOutputMemoryFormat(const at::Tensor& input, const at::Tenso
 // bytes), for the CPU, CUDA and Meta kernels alike.
 std::vector<int64_t> checkConvReluAddInputs(const ConvReluAddArgs& a);
 
+// The checks the conv ops share (custom_conv_relu_add, custom_conv_add_act),
+// with `op` named in their messages: the convolution's arguments and its
+// bias (returns the conv output's shape, overflow-checked), and `other`
+// (defined; on the input's device, or a 0-dim CPU tensor, as add takes).
+std::vector<int64_t> checkConvAndBias(
+    const char* op,
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups);
+void checkConvOther(const char* op, const at::Tensor& other, const at::Tensor& input);
+
 // A conv output [N, C, spatial...] seen as images x channels x positions
 // (the product of the spatial sizes); an unbatched output [C, spatial...]
 // counts as one image.
@@ -171,6 +186,15 @@ std::vector<c10::SymInt> convOutputSymSizes(
     at::IntArrayRef padding,
     at::IntArrayRef dilation);
 
+// An empty conv output: convOutputSymSizes in the memory format eager's
+// convolution gives (the Meta kernels' result before their epilogue).
+at::Tensor emptyConvOutput(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation);
+
 // Checks the backward's arguments, the mask's size in the order
 // convMaskOrder(input, weight) included, and returns the conv output's shape.
 std::vector<int64_t> checkConvReluAddBackwardInputs(const ConvReluAddBackwardArgs& a);
@@ -182,6 +206,12 @@ void checkConvReluAddBackwardMaskType(const at::Tensor& mask);
 // CPU, CUDA or Meta (isPlainDenseTensor), `other` on the input's device.
 // Never throws.  Where false, every entry point runs convReluAddReference.
 bool convReluAddHandles(const ConvReluAddArgs& a);
+// The same rule for the conv ops' tensors (other may be undefined).
+bool convKernelsHandle(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& other);
 
 // The original chain as ATen ops, relu(conv{1,2,3}d(...)) + alpha * other:
 // ATen's own errors, results and autograd (double backward included).

@@ -97,6 +97,97 @@ bool isSilu(const Node* n) {
   return hasSchema(n, "aten::silu", "") && isTensor(n->input(0));
 }
 
+namespace {
+
+// The activations and their scalar arguments after self: the op's name, the
+// schema's base name, and the number of arguments.
+struct FusableActivation {
+  std::string_view schema;
+  std::string_view op;
+  size_t scalars;
+};
+
+constexpr FusableActivation kActivations[] = {
+    {"aten::relu", "relu", 0},
+    {"aten::relu6", "hardtanh", 0},
+    {"aten::hardtanh", "hardtanh", 2},
+    {"aten::silu", "silu", 0},
+    {"aten::hardswish", "hardswish", 0},
+    {"aten::hardsigmoid", "hardsigmoid", 0},
+    {"aten::sigmoid", "sigmoid", 0},
+    {"aten::gelu", "gelu", 1},
+    {"aten::leaky_relu", "leaky_relu", 1},
+};
+
+const FusableActivation* fusableActivation(const Node* n) {
+  const auto* schema = n->maybeSchema();
+  if (schema == nullptr || !schema->overload_name().empty() || n->inputs().empty() ||
+      !isTensor(n->input(0))) {
+    return nullptr;
+  }
+  std::string_view name = schema->name();
+  if (!name.empty() && name.back() == '_') {
+    name.remove_suffix(1);
+  }
+  for (const auto& a : kActivations) {
+    if (a.schema == name && n->inputs().size() == 1 + a.scalars) {
+      return &a;
+    }
+  }
+  return nullptr;
+}
+
+std::optional<double> constantNumber(const Value* v) {
+  const auto iv = torch::jit::toIValue(v);
+  if (iv && iv->isInt()) {
+    return static_cast<double>(iv->toInt());
+  }
+  if (iv && iv->isDouble()) {
+    return iv->toDouble();
+  }
+  return std::nullopt;
+}
+
+} // namespace
+
+bool isFusableActivation(const Node* n) {
+  return fusableActivation(n) != nullptr;
+}
+
+bool activationArgumentsAreConstant(const Node* n) {
+  return activationSpec(n).has_value();
+}
+
+std::optional<ActivationSpec> activationSpec(const Node* n) {
+  const auto* a = fusableActivation(n);
+  if (a == nullptr) {
+    return std::nullopt;
+  }
+  ActivationSpec spec{std::string(a->op), {}};
+  if (a->schema == "aten::relu6") {
+    spec.args = {0.0, 6.0};
+  } else if (a->schema == "aten::gelu") {
+    const auto approximate = torch::jit::toIValue(n->input(1));
+    if (!approximate || !approximate->isString()) {
+      return std::nullopt;
+    }
+    const auto& mode = approximate->toStringRef();
+    if (mode != "none" && mode != "tanh") {
+      return std::nullopt;
+    }
+    spec.name = mode == "none" ? "gelu" : "gelu_tanh";
+  } else {
+    for (size_t i = 1; i < n->inputs().size(); ++i) {
+      const auto v = constantNumber(n->input(i));
+      if (!v) {
+        return std::nullopt;
+      }
+      spec.args.push_back(*v);
+    }
+  }
+  return spec;
+}
+
 bool isTensor(const Value* v) {
   return v->type()->isSubtypeOf(*TensorType::get());
 }

@@ -55,6 +55,22 @@ bool isTensorMul(const Node* n);
 // aten::silu(Tensor) (out of place).
 bool isSilu(const Node* n);
 
+// An activation custom_conv_add_act computes, in- or out-of-place:
+// relu, relu6, hardtanh, silu, hardswish, hardsigmoid, sigmoid, gelu,
+// leaky_relu (the Tensor overloads, self the first input).
+bool isFusableActivation(const Node* n);
+// Its scalar arguments are constants the op takes: hardtanh's min and max,
+// leaky_relu's slope (int or float), gelu's approximate ('none' or 'tanh').
+// A runtime value (an unfrozen module attribute) leaves the chain alone.
+bool activationArgumentsAreConstant(const Node* n);
+// custom_conv_add_act's `activation` and `activation_args` for a node that
+// passes both predicates above (relu6 is hardtanh(0, 6)).
+struct ActivationSpec {
+  std::string name;
+  std::vector<double> args;
+};
+std::optional<ActivationSpec> activationSpec(const Node* n);
+
 // ---- values ---------------------------------------------------------------
 
 bool isTensor(const Value* v);

@@ -16,6 +16,12 @@ const std::vector<Fusion>& fusions() {
        {"torchfuse::custom_conv_relu_add"},
        &passes::FuseConvReluAdd,
        true},
+      // NB: after conv_relu_add, which keeps conv -> relu -> add.
+      {"conv_add_act",
+       "conv{1,2,3}d → [add] → [activation]",
+       {"torchfuse::custom_conv_add_act"},
+       &passes::FuseConvAddAct,
+       true},
       {"linear_add_relu",
        "linear → add → relu",
        {"torchfuse::custom_linear_add_relu"},

@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Scalar.h>
+#include <c10/util/string_view.h>
 
 #include <optional>
 
@@ -35,6 +36,25 @@ TORCHFUSE_API at::Tensor custom_conv_relu_add(
     int64_t groups,
     const at::Tensor& other,
     const at::Scalar& alpha = 1);
+
+// act(convolution(input, weight, bias, ...) + alpha * other), no add where
+// other is absent.  promote: the add is out of place (add: promoted dtype,
+// broadcast shape); else in place into the conv output (add_).  activation:
+// "none", "relu", "hardtanh" (args min, max), "silu", "hardswish",
+// "hardsigmoid", "sigmoid", "gelu", "gelu_tanh", "leaky_relu" (args slope).
+TORCHFUSE_API at::Tensor custom_conv_add_act(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    const std::optional<at::Tensor>& other,
+    const at::Scalar& alpha,
+    bool promote,
+    c10::string_view activation,
+    at::ArrayRef<double> activation_args);
 
 // t = (batch_norm(input, ...) + other) / divisor; t * sigmoid(t).
 // In training mode running_mean and running_var are updated in place.

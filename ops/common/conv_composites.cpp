@@ -31,6 +31,19 @@ at::Tensor convolve(const ConvReluAddArgs& a) {
   return convolve(a.input, a.weight, a.bias, a.stride, a.padding, a.dilation, a.groups);
 }
 
+void addConvBias(
+    at::Tensor& conv,
+    const std::optional<at::Tensor>& bias,
+    const at::Tensor& weight) {
+  if (bias && bias->defined()) {
+    // [C, 1, ...]: the trailing dimensions of a batched output and all of an
+    // unbatched one.
+    std::vector<int64_t> bias_sizes(weight.dim() - 1, 1);
+    bias_sizes[0] = bias->size(0);
+    conv.add_(bias->reshape(bias_sizes));
+  }
+}
+
 namespace {
 
 std::vector<int64_t> expanded(at::IntArrayRef v, int64_t n) {

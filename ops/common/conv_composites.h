@@ -44,6 +44,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolveBackward(
     std::array<bool, 3> output_mask,
     bool recording = false);
 
+// conv += bias, broadcast over the channel dimension of conv, the output
+// (batched or not) of a convolution by `weight`: what eager's cuDNN
+// convolution does after a convolution without bias.
+void addConvBias(at::Tensor& conv, const std::optional<at::Tensor>& bias, const at::Tensor& weight);
+
 // The composites' pointwise part, on `conv`, the convolution of input and
 // weight (bias included) already computed: relu(conv) + alpha * other and,
 // with_mask, the ReLU mask in the order convMaskOrder(input, weight) defines

@@ -6,20 +6,28 @@
 #include "ops/conv_relu_add.h"
 
 namespace torchfuse::ops {
+
+at::Tensor emptyConvOutput(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation) {
+  const bool batched = input.dim() == weight.dim();
+  const auto sizes = convOutputSymSizes(input, weight, stride, padding, dilation);
+  const auto format =
+      batched ? convOutputMemoryFormat(input, weight) : at::MemoryFormat::Contiguous;
+  return at::empty_symint(sizes, input.options().memory_format(format));
+}
+
 namespace {
 
-// The conv output, in symbolic sizes where the input has them, in the memory
-// format eager's convolution gives.
 at::Tensor convOutputMeta(const ConvReluAddArgs& a) {
   const auto& [input, weight, bias, stride, padding, dilation, groups, other, alpha] = a;
   if (!anySymbolic({input, weight, orUndefined(bias), other})) {
     checkConvReluAddInputs(a);
   }
-  const bool batched = input.dim() == weight.dim();
-  const auto sizes = convOutputSymSizes(input, weight, stride, padding, dilation);
-  const auto format = batched ? convOutputMemoryFormat(input, weight)
-                               : at::MemoryFormat::Contiguous;
-  return at::empty_symint(sizes, input.options().memory_format(format));
+  return emptyConvOutput(input, weight, stride, padding, dilation);
 }
 
 at::Tensor convReluAddMeta(const ConvReluAddArgs& a) {

@@ -478,6 +478,71 @@ class _Rewriter:
             count += 1
         return count
 
+    # conv{1,2,3}d -> [add] -> [activation] ---------------------------------
+    # NB: the activations FX normalizes (relu, silu, sigmoid); TorchScript's
+    # pass also takes hardtanh, hardswish, hardsigmoid, gelu and leaky_relu.
+    def conv_add_act(self) -> int:
+        count = 0
+        for form in ("add_act", "act", "add"):  # longest first
+            for node in list(self.graph.nodes):
+                found = self._conv_add_act_at(node, form)
+                if found is None:
+                    continue
+                chain, conv, other, alpha, promote, act = found
+                inputs = [conv["input"], conv["weight"], conv["bias"], other]
+                if not _no_intervening_writes(chain[0], node, set(chain), inputs):
+                    continue
+                self.replace(node, chain, _ops.custom_conv_add_act.default,
+                             (conv["input"], conv["weight"], conv["bias"], conv["stride"], conv["padding"],
+                              conv["dilation"], conv["groups"], other, alpha, promote, act, []))
+                count += 1
+        return count
+
+    def _activation(self, node):
+        for kind in ("relu", "silu", "sigmoid"):
+            c = self.call(node, kind)
+            if c is not None:
+                return kind, c.args["input"]
+        return None
+
+    def _conv_add(self, node):
+        """conv -> add ending at node: (conv node, conv, other, alpha,
+        promote); add_ only into the conv output, the conv output scaled by
+        alpha only when alpha == 1 (alphaIsOne)."""
+        add = self.call(node, "add")
+        if add is None or not _is_number(add.args.get("alpha")):
+            return None
+        a, alpha = add.args, add.args["alpha"]
+        for first in (True, False):
+            operand, other = (a["input"], a["other"]) if first else (a["other"], a["input"])
+            if (not first and (add.inplace or alpha != 1)) or not _is_tensor_value(other):
+                continue
+            if isinstance(operand, torch.fx.Node) and _single_use(operand, node):
+                conv = self._conv(operand)
+                if conv is not None:
+                    return operand, conv, other, alpha, not add.inplace
+        return None
+
+    def _conv_add_act_at(self, node, form: str):
+        if form == "add":
+            found = self._conv_add(node)
+            if found is None:
+                return None
+            conv_node, conv, other, alpha, promote = found
+            return [conv_node, node], conv, other, alpha, promote, "none"
+        act = self._activation(node)
+        if act is None or not isinstance(act[1], torch.fx.Node) or not _single_use(act[1], node):
+            return None
+        kind, x = act
+        if form == "act":
+            conv = self._conv(x)
+            return None if conv is None else ([x, node], conv, None, 1, False, kind)
+        found = self._conv_add(x)
+        if found is None:
+            return None
+        conv_node, conv, other, alpha, promote = found
+        return [conv_node, x, node], conv, other, alpha, promote, kind
+
     def _conv(self, v) -> Optional[Dict[str, Any]]:
         """isIntListConv: a conv{1,2,3}d with int-list (not 'same'/'valid')
         stride, padding and dilation, and an int groups."""
@@ -636,6 +701,7 @@ class _Rewriter:
 
 _PASSES: Dict[str, Callable[[_Rewriter], int]] = {
     "conv_relu_add": _Rewriter.conv_relu_add,
+    "conv_add_act": _Rewriter.conv_add_act,
     "linear_add_relu": _Rewriter.linear_add_relu,
     "batch_norm_add_div_swish": _Rewriter.batch_norm_add_div_swish,
     "relu": _Rewriter.relu,

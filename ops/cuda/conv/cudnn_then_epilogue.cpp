@@ -43,11 +43,7 @@ std::tuple<at::Tensor, at::Tensor> forwardCudnnThenEpilogue(
     // would compute the convolution again.  The bias is added in place after
     // the convolution, as eager's cuDNN convolution adds it, so `out` holds
     // what convolve(..., bias, ...) gives, in the layout it gives.
-    if (bias && bias->defined()) {
-      std::vector<int64_t> bias_sizes(weight.dim() - 1, 1); // [C, 1, ...]: unbatched too
-      bias_sizes[0] = bias->size(0);
-      out.add_(bias->reshape(bias_sizes));
-    }
+    addConvBias(out, bias, weight);
     return convReluAddEpilogueComposite(out, input, weight, other, alpha, with_mask);
   }
   c10::cuda::CUDAGuard guard(input.device());

@@ -1,0 +1,48 @@
+#pragma once
+
+// The activations of kernels/common/activation.h in float, each as ATen's
+// CUDA kernel computes it, so that NaN and Inf come out as eager's: relu and
+// hardtanh keep NaN (comparisons with NaN are false), silu(-inf) and
+// hardswish(-inf) are NaN (-inf * 0), exact gelu uses erf.
+
+#include "kernels/common/activation.h"
+
+namespace torchfuse::kernels {
+
+// std::max / std::min as ATen's kernels use them: the first argument when
+// the comparison is false, so a NaN first argument propagates.
+__device__ __forceinline__ float maxKeepNan(float x, float y) {
+  return x < y ? y : x;
+}
+__device__ __forceinline__ float minKeepNan(float x, float y) {
+  return y < x ? y : x;
+}
+
+template <ActivationKind K>
+__device__ __forceinline__ float activate(float x, float a, float b) {
+  if constexpr (K == ActivationKind::kRelu) {
+    return x <= 0.f ? 0.f : x;
+  } else if constexpr (K == ActivationKind::kHardtanh) {
+    return minKeepNan(maxKeepNan(x, a), b); // clamp(x, a, b), as ATen's hardtanh
+  } else if constexpr (K == ActivationKind::kSilu) {
+    return x / (1.f + expf(-x));
+  } else if constexpr (K == ActivationKind::kHardswish) {
+    return x * minKeepNan(maxKeepNan(x + 3.f, 0.f), 6.f) / 6.f;
+  } else if constexpr (K == ActivationKind::kHardsigmoid) {
+    return minKeepNan(maxKeepNan(x + 3.f, 0.f), 6.f) / 6.f;
+  } else if constexpr (K == ActivationKind::kSigmoid) {
+    return 1.f / (1.f + expf(-x));
+  } else if constexpr (K == ActivationKind::kGelu) {
+    return x * 0.5f * (1.f + erff(x * 0.70710678118654752440f));
+  } else if constexpr (K == ActivationKind::kGeluTanh) {
+    constexpr float kBeta = 0.79788456080286535588f; // sqrt(2 / pi)
+    constexpr float kKappa = 0.044715f;
+    return 0.5f * x * (1.f + tanhf(kBeta * (x + kKappa * x * x * x)));
+  } else if constexpr (K == ActivationKind::kLeakyRelu) {
+    return x > 0.f ? x : x * a;
+  } else {
+    return x;
+  }
+}
+
+} // namespace torchfuse::kernels

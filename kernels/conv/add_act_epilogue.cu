@@ -1,0 +1,152 @@
+// custom_conv_add_act's epilogue (the contract is in add_act_epilogue.cuh):
+// an elementwise pass whose only layout dependence is the bias's channel,
+// which each thread tracks along its consecutive elements instead of
+// dividing per element.
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "kernels/common/activation.cuh"
+#include "kernels/common/dtype.cuh"
+#include "kernels/common/launch.cuh"
+#include "kernels/common/vec.cuh"
+#include "kernels/conv/add_act_epilogue.cuh"
+
+namespace torchfuse::kernels {
+namespace {
+
+// The channel of consecutive elements: element e has channel
+// (e / run) % channels, with run = s for nchw, 1 for nhwc.
+struct ChannelCursor {
+  int64_t channel, offset; // offset within the current run
+
+  __device__ ChannelCursor(int64_t e, int64_t run, int64_t channels) {
+    const int64_t q = e / run;
+    offset = e - q * run;
+    channel = q % channels;
+  }
+  __device__ void next(int64_t run, int64_t channels) {
+    if (++offset == run) {
+      offset = 0;
+      channel = channel + 1 == channels ? 0 : channel + 1;
+    }
+  }
+};
+
+// Vectors of N elements from element `first` on; `vectors` of them.
+template <ActivationKind K, typename T, int N>
+__global__ void __launch_bounds__(kThreads) epilogueKernel(
+    T* out,
+    const T* __restrict__ bias,
+    const T* __restrict__ other,
+    float alpha,
+    Activation act,
+    int64_t first,
+    int64_t vectors,
+    int64_t run,
+    int64_t channels) {
+  for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors;
+       v += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t e = first + v * N;
+    float x[N];
+    loadVec<T, N>(out + e, x);
+    if (bias) {
+      // NB: (conv + bias) + alpha * other, eager's order of additions.
+      ChannelCursor cursor(e, run, channels);
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        x[k] += toFloat(bias[cursor.channel]);
+        cursor.next(run, channels);
+      }
+    }
+    if (other) {
+      float o[N];
+      loadVec<T, N>(other + e, o);
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        x[k] += alpha * o[k];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      x[k] = activate<K>(x[k], act.a, act.b);
+    }
+    storeVec<T, N>(out + e, x);
+  }
+}
+
+template <ActivationKind K, typename T, int N>
+void launch(
+    const ConvAddActEpilogueArgs<T>& a,
+    int64_t first,
+    int64_t vectors,
+    int64_t run,
+    cudaStream_t stream) {
+  if (vectors == 0) {
+    return;
+  }
+  // NB: enough blocks to fill the device several times over; the grid-stride
+  // loop takes the rest.
+  constexpr int64_t kMaxBlocks = 65535;
+  const int64_t blocks = std::min<int64_t>((vectors + kThreads - 1) / kThreads, kMaxBlocks);
+  epilogueKernel<K, T, N><<<unsigned(blocks), kThreads, 0, stream>>>(
+      a.out, a.bias, a.other, a.alpha, a.act, first, vectors, run, a.c);
+}
+
+template <ActivationKind K, typename T>
+void run(const ConvAddActEpilogueArgs<T>& a, bool channels_last, cudaStream_t stream) {
+  const int64_t total = a.n * a.c * a.s;
+  const int64_t period = channels_last ? 1 : a.s;
+  constexpr int kVec = maxVec<T>();
+  if (aligned16(a.out) && aligned16(a.other)) {
+    const int64_t vectors = total / kVec;
+    launch<K, T, kVec>(a, 0, vectors, period, stream);
+    launch<K, T, 1>(a, vectors * kVec, total - vectors * kVec, period, stream);
+  } else {
+    launch<K, T, 1>(a, 0, total, period, stream);
+  }
+}
+
+} // namespace
+
+template <typename T>
+void convAddActEpilogue(
+    const ConvAddActEpilogueArgs<T>& a,
+    bool channels_last,
+    cudaStream_t stream) {
+  if (a.n * a.c * a.s == 0) {
+    return;
+  }
+  switch (a.act.kind) {
+    case ActivationKind::kNone:
+      return run<ActivationKind::kNone>(a, channels_last, stream);
+    case ActivationKind::kRelu:
+      return run<ActivationKind::kRelu>(a, channels_last, stream);
+    case ActivationKind::kHardtanh:
+      return run<ActivationKind::kHardtanh>(a, channels_last, stream);
+    case ActivationKind::kSilu:
+      return run<ActivationKind::kSilu>(a, channels_last, stream);
+    case ActivationKind::kHardswish:
+      return run<ActivationKind::kHardswish>(a, channels_last, stream);
+    case ActivationKind::kHardsigmoid:
+      return run<ActivationKind::kHardsigmoid>(a, channels_last, stream);
+    case ActivationKind::kSigmoid:
+      return run<ActivationKind::kSigmoid>(a, channels_last, stream);
+    case ActivationKind::kGelu:
+      return run<ActivationKind::kGelu>(a, channels_last, stream);
+    case ActivationKind::kGeluTanh:
+      return run<ActivationKind::kGeluTanh>(a, channels_last, stream);
+    case ActivationKind::kLeakyRelu:
+      return run<ActivationKind::kLeakyRelu>(a, channels_last, stream);
+  }
+}
+
+#define TORCHFUSE_INSTANTIATE(T) \
+  template void convAddActEpilogue<T>(const ConvAddActEpilogueArgs<T>&, bool, cudaStream_t);
+TORCHFUSE_FOR_EACH_FLOAT_TYPE(TORCHFUSE_INSTANTIATE)
+#undef TORCHFUSE_INSTANTIATE
+
+} // namespace torchfuse::kernels

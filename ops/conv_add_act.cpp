@@ -1,0 +1,205 @@
+// custom_conv_add_act: act(convolution(input, weight, bias, ...) + alpha * other).
+//   1-d, 2-d and 3-d convolutions (weight 3-, 4- or 5-D), batched or not,
+//   integer padding only.  `other` is optional (None: no add).  promote:
+//   the add is out of place (`add`: the result takes the promoted dtype and
+//   the broadcast shape of conv output and other); else it is `add_` into
+//   the fresh conv output (`out += identity`: the conv output's dtype and
+//   shape).  activation: none, relu, hardtanh (min, max), silu, hardswish,
+//   hardsigmoid, sigmoid, gelu (exact), gelu_tanh, leaky_relu (slope).
+
+#include "ops/conv_add_act.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
+
+#include <array>
+#include <utility>
+
+#include "ops/common/autograd_utils.h"
+#include "ops/common/checks.h"
+#include "ops/common/conv_composites.h"
+#include "ops/conv_relu_add.h"
+#include "torchfuse/ops.h"
+
+TORCH_LIBRARY_FRAGMENT(torchfuse, m) {
+  m.def(
+      "custom_conv_add_act(Tensor input, Tensor weight, Tensor? bias, int[] stride, "
+      "int[] padding, int[] dilation, int groups, Tensor? other, Scalar alpha, bool promote, "
+      "str activation, float[] activation_args) -> Tensor");
+}
+
+namespace torchfuse {
+
+namespace {
+using ConvAddActSignature = at::Tensor(
+    const at::Tensor&,
+    const at::Tensor&,
+    const std::optional<at::Tensor>&,
+    at::IntArrayRef,
+    at::IntArrayRef,
+    at::IntArrayRef,
+    int64_t,
+    const std::optional<at::Tensor>&,
+    const at::Scalar&,
+    bool,
+    c10::string_view,
+    at::ArrayRef<double>);
+} // namespace
+
+at::Tensor custom_conv_add_act(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    const std::optional<at::Tensor>& other,
+    const at::Scalar& alpha,
+    bool promote,
+    c10::string_view activation,
+    at::ArrayRef<double> activation_args) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("torchfuse::custom_conv_add_act", "")
+                       .typed<ConvAddActSignature>();
+  return op.call(
+      input, weight, bias, stride, padding, dilation, groups, other, alpha, promote, activation,
+      activation_args);
+}
+
+namespace ops {
+
+namespace {
+constexpr const char* kOp = "torchfuse::custom_conv_add_act";
+
+using kernels::ActivationKind;
+
+struct ActivationName {
+  const char* name;
+  ActivationKind kind;
+  size_t args;
+};
+
+constexpr std::array<ActivationName, 10> kActivations = {{
+    {"none", ActivationKind::kNone, 0},
+    {"relu", ActivationKind::kRelu, 0},
+    {"hardtanh", ActivationKind::kHardtanh, 2},
+    {"silu", ActivationKind::kSilu, 0},
+    {"hardswish", ActivationKind::kHardswish, 0},
+    {"hardsigmoid", ActivationKind::kHardsigmoid, 0},
+    {"sigmoid", ActivationKind::kSigmoid, 0},
+    {"gelu", ActivationKind::kGelu, 0},
+    {"gelu_tanh", ActivationKind::kGeluTanh, 0},
+    {"leaky_relu", ActivationKind::kLeakyRelu, 1},
+}};
+} // namespace
+
+kernels::Activation parseActivation(
+    c10::string_view activation,
+    at::ArrayRef<double> activation_args) {
+  for (const auto& known : kActivations) {
+    if (activation == known.name) {
+      TORCH_CHECK(
+          activation_args.size() == known.args, kOp, ": expected activation_args to have ",
+          known.args, " elements for activation '", known.name, "', got ", activation_args.size());
+      kernels::Activation act{known.kind};
+      if (known.args > 0) {
+        act.a = static_cast<float>(activation_args[0]);
+      }
+      if (known.args > 1) {
+        act.b = static_cast<float>(activation_args[1]);
+      }
+      return act;
+    }
+  }
+  TORCH_CHECK(
+      false, kOp,
+      ": expected activation to be one of none, relu, hardtanh, silu, hardswish, "
+      "hardsigmoid, sigmoid, gelu, gelu_tanh, leaky_relu, got '",
+      std::string(activation), "'");
+}
+
+at::Tensor otherOf(const ConvAddActArgs& a) {
+  return orUndefined(a.other);
+}
+
+std::vector<int64_t> checkConvAddActInputs(const ConvAddActArgs& a) {
+  parseActivation(a.activation, a.activation_args);
+  const auto out =
+      checkConvAndBias(kOp, a.input, a.weight, a.bias, a.stride, a.padding, a.dilation, a.groups);
+  const auto other = otherOf(a);
+  if (other.defined()) {
+    checkConvOther(kOp, other, a.input);
+    checkBroadcastable(kOp, other, out);
+    if (!a.promote) {
+      // NB: add_ writes the conv output: other may not grow it.
+      const auto shape = at::infer_size(other.sizes(), out);
+      TORCH_CHECK(
+          at::IntArrayRef(shape) == at::IntArrayRef(out), kOp,
+          ": expected other to broadcast to the conv output's shape ", at::IntArrayRef(out),
+          " (promote=false adds in place), got ", other.sizes());
+    }
+  }
+  return out;
+}
+
+bool convAddActHandles(const ConvAddActArgs& a) {
+  return convKernelsHandle(a.input, a.weight, a.bias, otherOf(a));
+}
+
+namespace {
+// The activation as ATen's own op (its values, errors and derivatives).
+at::Tensor activate(const at::Tensor& t, c10::string_view name, at::ArrayRef<double> args) {
+  switch (parseActivation(name, args).kind) {
+    case ActivationKind::kNone:
+      return t;
+    case ActivationKind::kRelu:
+      return at::relu(t);
+    case ActivationKind::kHardtanh:
+      return at::hardtanh(t, args[0], args[1]);
+    case ActivationKind::kSilu:
+      return at::silu(t);
+    case ActivationKind::kHardswish:
+      return at::hardswish(t);
+    case ActivationKind::kHardsigmoid:
+      return at::hardsigmoid(t);
+    case ActivationKind::kSigmoid:
+      return at::sigmoid(t);
+    case ActivationKind::kGelu:
+      return at::gelu(t, "none");
+    case ActivationKind::kGeluTanh:
+      return at::gelu(t, "tanh");
+    case ActivationKind::kLeakyRelu:
+      return at::leaky_relu(t, args[0]);
+  }
+  return t;
+}
+} // namespace
+
+at::Tensor convAddActEpilogueComposite(at::Tensor conv, const ConvAddActArgs& a) {
+  const auto other = otherOf(a);
+  if (other.defined()) {
+    conv = a.promote ? at::add(conv, other, a.alpha) : conv.add_(other, a.alpha);
+  }
+  return activate(conv, a.activation, a.activation_args);
+}
+
+at::Tensor convAddActComposite(const ConvAddActArgs& a) {
+  return convAddActEpilogueComposite(
+      convolve(a.input, a.weight, a.bias, a.stride, a.padding, a.dilation, a.groups), a);
+}
+
+at::Tensor convAddAct(const ConvAddActArgs& a) {
+  return custom_conv_add_act(
+      a.input, a.weight, a.bias, a.stride, a.padding, a.dilation, a.groups, a.other, a.alpha,
+      a.promote, a.activation, a.activation_args);
+}
+
+} // namespace ops
+} // namespace torchfuse
+
+// Backends without a torchfuse kernel run the original chain.
+TORCH_LIBRARY_IMPL(torchfuse, CompositeExplicitAutograd, m) {
+  torchfuse::ops::registerConvAddAct<torchfuse::ops::convAddActComposite>(m);
+}

@@ -1,0 +1,85 @@
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Scalar.h>
+#include <c10/util/string_view.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <vector>
+
+#include "kernels/common/activation.h"
+
+namespace torchfuse::ops {
+
+// The arguments of custom_conv_add_act, as its kernels and helpers take
+// them.  NB: references to the dispatcher's arguments, valid for the call.
+struct ConvAddActArgs {
+  const at::Tensor& input;
+  const at::Tensor& weight;
+  const std::optional<at::Tensor>& bias;
+  at::IntArrayRef stride;
+  at::IntArrayRef padding;
+  at::IntArrayRef dilation;
+  int64_t groups;
+  const std::optional<at::Tensor>& other;
+  const at::Scalar& alpha;
+  bool promote;
+  c10::string_view activation;
+  at::ArrayRef<double> activation_args;
+};
+
+template <auto F>
+at::Tensor convAddActKernel(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    const std::optional<at::Tensor>& other,
+    const at::Scalar& alpha,
+    bool promote,
+    c10::string_view activation,
+    at::ArrayRef<double> activation_args) {
+  return F(ConvAddActArgs{
+      input, weight, bias, stride, padding, dilation, groups, other, alpha, promote, activation,
+      activation_args});
+}
+
+// Registers one dispatch key's kernel for custom_conv_add_act.
+template <auto Op>
+void registerConvAddAct(torch::Library& m) {
+  m.impl(TORCH_SELECTIVE_NAME("torchfuse::custom_conv_add_act"), TORCH_FN(convAddActKernel<Op>));
+}
+
+// The activation named by `activation` with `activation_args`; raises,
+// naming the argument, for an unknown name or a wrong number of arguments.
+kernels::Activation parseActivation(
+    c10::string_view activation,
+    at::ArrayRef<double> activation_args);
+
+// `other` when present (defined), else undefined.
+at::Tensor otherOf(const ConvAddActArgs& a);
+
+// Checks every argument and returns the conv output's shape.
+std::vector<int64_t> checkConvAddActInputs(const ConvAddActArgs& a);
+
+// Whether the op's own kernels take these tensors (convKernelsHandle).
+bool convAddActHandles(const ConvAddActArgs& a);
+
+// The pointwise part on `conv`, the convolution (bias included) already
+// computed and not seen by anyone else: conv + alpha * other (out of place
+// when promote, else in place), then the activation, as ATen ops (with
+// ATen's autograd where recording).
+at::Tensor convAddActEpilogueComposite(at::Tensor conv, const ConvAddActArgs& a);
+
+// The original chain as ATen ops: the numerical oracle (the CPU kernel), the
+// Autograd kernel's recording path, and every fallback.
+at::Tensor convAddActComposite(const ConvAddActArgs& a);
+
+// The op through the dispatcher.
+at::Tensor convAddAct(const ConvAddActArgs& a);
+
+} // namespace torchfuse::ops
