@@ -251,3 +251,55 @@ def test_cuda_auto_keeps_grouped_convolutions_nchw():
     assert restore_count(m) == 1
     x = torch.randn(2, 3, 16, 16, device="cuda")
     assert m(x).stride() == model(x).stride()
+
+
+# ---- the restore op ----------------------------------------------------------
+
+
+def _restore_samples(device="cpu", dtype=torch.float32):
+    torch.manual_seed(5)
+    g = dict(device=device, dtype=dtype)
+    v = torch.randn(2, 3, 4, 5, **g).contiguous(memory_format=torch.channels_last)
+    x = torch.randn(2, 1, 4, 4, **g)
+    return [
+        (v, x),                                                     # contiguous entry: copy
+        (v, x.contiguous(memory_format=torch.channels_last)),       # channels-last entry: v
+        (torch.randn(2, 3, 4, 5, **g), x),                          # already contiguous: v
+        # channels-last strides of a [2, 6, 1, 1] tensor, as a conv gives them
+        (torch.empty_strided((2, 6, 1, 1), (6, 1, 6, 6), **g).copy_(torch.randn(2, 6, 1, 1)), x),
+        (torch.randn(3, 4, 5, **g).permute(1, 2, 0).contiguous().permute(2, 0, 1), x[0]),
+    ]
+
+
+def test_restore_layout_op_semantics():
+    op = torch.ops.torchfuse.custom_restore_layout
+    for v, entry in _restore_samples():
+        out = op(v, entry)
+        assert torch.equal(out, v)
+        if entry.is_contiguous(memory_format=torch.channels_last) and entry.stride(1) == 1:
+            assert out.data_ptr() == v.data_ptr() and out.stride() == v.stride()
+        else:
+            # canonical contiguous strides, also for size-1 dims
+            assert out.stride() == torch.empty(v.shape).stride()
+    # NB: a [2, 6, 1, 1] channels-last tensor is_contiguous() too, but its
+    # strides differ from the canonical ones, and suggest channels-last
+    v, entry = _restore_samples()[3]
+    assert v.is_contiguous() and v.stride() != (6, 1, 1, 1)
+    assert op(v, entry).stride() == (6, 1, 1, 1)
+
+
+def test_restore_layout_op_opcheck_meta_and_autograd():
+    op = torch.ops.torchfuse.custom_restore_layout
+    for v, entry in _restore_samples():
+        torch.library.opcheck(op, (v, entry))
+        meta = op(v.to("meta"), entry.to("meta"))
+        assert meta.stride() == op(v, entry).stride()
+    for v, entry in _restore_samples(dtype=torch.float64):
+        v = v.detach().requires_grad_()
+        assert torch.autograd.gradcheck(lambda t: op(t, entry), (v,))
+        assert torch.autograd.gradgradcheck(lambda t: op(t, entry) ** 2, (v,))
+
+
+def test_restore_layout_op_error_names_the_argument():
+    with pytest.raises(RuntimeError, match="custom_restore_layout"):
+        torch.ops.torchfuse.custom_restore_layout(None, torch.randn(1))
