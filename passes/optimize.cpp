@@ -283,6 +283,10 @@ torch::jit::Module optimize(
       !options.freeze || !(module.hasattr("training") && module.is_training()),
       "torchfuse::optimize: freeze=True needs a module in eval mode; call "
       ".eval() first");
+  TORCH_CHECK(
+      options.freeze || options.layout != Layout::ChannelsLast,
+      "torchfuse::optimize: expected freeze=True with layout channels_last (it "
+      "converts the frozen graph's constant weights), got freeze=False");
   for (const auto& path : options.preserved_attrs) {
     preservedOwner(module, path);
   }
@@ -347,6 +351,11 @@ torch::jit::Module optimize(
   {
     passes::SharedSlotsScope shared(sharedSlots(result));
     counts = fuseGraph(graph, options.passes);
+  }
+  if (options.freeze && options.layout != Layout::Keep) {
+    // NB: after the fusions, which match the conv chains it then treats as
+    // convolutions.
+    passes::ConvertToChannelsLast(graph, options.layout == Layout::ChannelsLast);
   }
   torch::jit::EliminateDeadCode(graph);
   const bool fused = std::any_of(

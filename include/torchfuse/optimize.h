@@ -20,6 +20,11 @@
 
 namespace torchfuse {
 
+// The memory format ConvertToChannelsLast gives a frozen graph's 2-d
+// convolutions: Auto decides by its cost model (CUDA weights only),
+// ChannelsLast converts on any device, Keep leaves the weights as they are.
+enum class Layout { Auto, ChannelsLast, Keep };
+
 struct OptimizeOptions {
   // Freeze for inference first (the module must be in eval mode, or frozen
   // already); BatchNorm is kept for our fusion rather than folded into the
@@ -33,6 +38,10 @@ struct OptimizeOptions {
   // a submodule's.  Without freeze everything is kept.  Each name must
   // exist, with or without freeze.
   std::vector<std::string> preserved_attrs;
+  // With freeze: the convolutions' layout (docs/passes.md).  Without
+  // freeze the weights are attributes, not constants: Auto and Keep change
+  // nothing, ChannelsLast is an error.
+  Layout layout = Layout::Auto;
 };
 
 // The names of fusions(), in pipeline order.

@@ -33,4 +33,14 @@ TORCHFUSE_API int64_t FuseBatchNormAddDivSwish(std::shared_ptr<torch::jit::Graph
 // a standalone relu / relu_  =>  torchfuse::custom_relu; runs last.
 TORCHFUSE_API int64_t ReplaceRelu(std::shared_ptr<torch::jit::Graph>& graph);
 
+// Frozen graphs: stores the constant weights of 2-d convolutions
+// channels-last, so that the convolutions and the layout-agnostic ops after
+// them run NHWC, and gives every value leaving that region the memory format
+// the original gives it (torchfuse::custom_restore_layout).  Without
+// `force`, only where the cost model (docs/passes.md) says channels-last is
+// faster, and only for CUDA weights.  Returns how many weights it converted;
+// 0 leaves the graph unchanged.
+TORCHFUSE_API int64_t
+ConvertToChannelsLast(std::shared_ptr<torch::jit::Graph>& graph, bool force = false);
+
 } // namespace torchfuse::passes

@@ -43,15 +43,24 @@ py::dict reportToDict(const torchfuse::FusionReport& r) {
   return d;
 }
 
+// NB: in torchfuse::Layout's order.
+constexpr std::array<const char*, 3> kLayouts = {"auto", "channels_last", "keep"};
+
+template <typename Enum, size_t N>
+Enum parse(const std::string& text, const std::array<const char*, N>& names, const char* what);
+
 py::tuple optimizeModule(
     const torch::jit::Module& module,
     bool freeze,
     const std::vector<std::string>& passes,
-    const std::vector<std::string>& preserved_attrs) {
+    const std::vector<std::string>& preserved_attrs,
+    const std::string& layout) {
   torchfuse::OptimizeOptions options;
   options.freeze = freeze;
   options.passes = passes;
   options.preserved_attrs = preserved_attrs;
+  // NB: torchfuse.optimize validates the spelling first, naming its argument.
+  options.layout = parse<torchfuse::Layout>(layout, kLayouts, "layout");
   torchfuse::FusionReport report;
   torch::jit::Module result;
   {
@@ -129,11 +138,13 @@ PYBIND11_MODULE(_C, m) {
   m.attr("built_with_torch") = TORCHFUSE_TORCH_VERSION;
   m.attr("built_with_cuda") = TORCHFUSE_TORCH_CUDA;
   m.def("pass_names", &torchfuse::passNames);
-  m.def("optimize", &optimizeModule, py::arg("module"), py::arg("freeze") = false,
-        py::arg("passes") = std::vector<std::string>{},
-        py::arg("preserved_attrs") = std::vector<std::string>{},
-        "optimize(torch._C.ScriptModule, freeze, passes, preserved_attrs) -> "
-        "(ScriptModule, dict)");
+  m.def(
+      "optimize", &optimizeModule, py::arg("module"), py::arg("freeze") = false,
+      py::arg("passes") = std::vector<std::string>{},
+      py::arg("preserved_attrs") = std::vector<std::string>{},
+      py::arg("layout") = std::string("auto"),
+      "optimize(torch._C.ScriptModule, freeze, passes, preserved_attrs, layout) -> "
+      "(ScriptModule, dict)");
   m.def("fusions", &fusionsList,
         "The fusion registry in pipeline order: [{name, chain, ops, by_default}]");
   m.def("fuse_graph",

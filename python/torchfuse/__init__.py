@@ -101,12 +101,16 @@ def _names(value, argument: str, what: str) -> list:
     return names
 
 
+_LAYOUTS = ("auto", "channels_last", "keep")
+
+
 def optimize(
     module,
     *,
     freeze: bool = False,
     passes: Optional[Iterable[str]] = None,
     preserved_attrs: Optional[Iterable[str]] = None,
+    layout: str = "auto",
 ) -> torch.jit.ScriptModule:
     """Returns a new module whose ``forward`` uses the torchfuse ops.
 
@@ -125,11 +129,28 @@ def optimize(
     that freezing keeps, as in ``torch.jit.freeze``.
     ``passes`` selects among :func:`pass_names` (default: the fusions whose
     ``by_default`` is true, see :func:`fusions`).
+
+    ``layout`` (with ``freeze=True``) chooses the 2-d convolutions' weight
+    layout: ``"auto"`` stores CUDA weights channels-last where the cost
+    model says it is faster, ``"channels_last"`` does so on any device,
+    ``"keep"`` leaves them.  Outputs keep the memory format the original
+    returns.  Without freeze, ``"auto"`` and ``"keep"`` change nothing and
+    ``"channels_last"`` is an error.
     """
+    if not isinstance(layout, str) or layout not in _LAYOUTS:
+        raise ValueError(
+            f"torchfuse.optimize: expected layout to be one of "
+            f"{', '.join(repr(x) for x in _LAYOUTS)}, got {layout!r}"
+        )
+    if layout == "channels_last" and not freeze:
+        raise ValueError(
+            "torchfuse.optimize: expected freeze=True with layout='channels_last' "
+            "(it converts the frozen graph's constant weights), got freeze=False"
+        )
     c = _script_module_c(module, "optimize")
     names = _names(passes, "passes", "pass names")
     preserved = _names(preserved_attrs, "preserved_attrs", "names")
-    result, _ = _C.optimize(c, freeze, names, preserved)
+    result, _ = _C.optimize(c, freeze, names, preserved, layout)
     return torch.jit._recursive.wrap_cpp_module(result)
 
 

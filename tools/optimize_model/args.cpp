@@ -110,6 +110,7 @@ Options parseArgs(const std::vector<std::string>& args) {
   std::string check_option_seen;
   bool verbose = false;
   bool quiet = false;
+  bool layout_seen = false;
 
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -176,6 +177,13 @@ Options parseArgs(const std::vector<std::string>& args) {
           opts.passes.push_back(pass);
         }
       }
+    } else if (name == "--layout") {
+      opts.layout = value();
+      if (opts.layout != "auto" && opts.layout != "channels_last" && opts.layout != "keep") {
+        usageError(
+            "expected --layout to be one of auto, channels_last, keep, got '" + opts.layout + "'");
+      }
+      layout_seen = true;
     } else if (name == "--preserve-attr") {
       const auto list = value();
       for (const auto& attr : split(list, ',')) {
@@ -255,6 +263,9 @@ Options parseArgs(const std::vector<std::string>& args) {
   if (!opts.freeze && !opts.preserved_attrs.empty()) {
     usageError("--preserve-attr is only used with --freeze");
   }
+  if (!opts.freeze && layout_seen) {
+    usageError("--layout is only used with --freeze");
+  }
   if (opts.check && opts.input_shapes.empty()) {
     usageError("--check needs --input-shape");
   }
@@ -328,8 +339,15 @@ options:
                         keep this attribute or method (e.g. an
                         @torch.jit.export one; sub.name for a submodule's)
                         through freezing; repeat it or give a comma list
+    --layout=auto|channels_last|keep
+                        the 2-d convolutions' weight layout: auto (default)
+                        stores CUDA weights channels-last where the cost model
+                        says it is faster; channels_last does so on any
+                        device; keep leaves them; outputs keep the original's
+                        memory format either way
   --passes=a,b,...      run only these passes (in the pipeline's own order);
-                        )" + defaultPassesText() + R"(
+                        )" +
+      defaultPassesText() + R"(
   --check               run the original and the optimized model on the same
                         random inputs, print the max absolute and relative
                         error and the time of each, and fail (exit 5, nothing

@@ -52,6 +52,7 @@ struct Options {
   bool freeze = false;
   std::vector<std::string> passes;  // empty: all
   std::vector<std::string> preserved_attrs;  // --preserve-attr, with --freeze
+  std::string layout = "auto";               // --layout, with --freeze: auto|channels_last|keep
   bool check = false;
   std::vector<Shape> input_shapes;
   std::string input_shape_spec;     // as given, for messages

@@ -185,6 +185,9 @@ int run(const Options& opts) {
     options.freeze = opts.freeze;
     options.passes = opts.passes;
     options.preserved_attrs = opts.preserved_attrs;
+    options.layout = opts.layout == "channels_last" ? torchfuse::Layout::ChannelsLast
+        : opts.layout == "keep"                     ? torchfuse::Layout::Keep
+                                                    : torchfuse::Layout::Auto;
     optimized = torchfuse::optimize(module, options, &report.fusion);
   } catch (const std::exception& e) {
     throw ToolError(kOptimize, "cannot optimize '" + opts.input + "': " + errorLine(e));

@@ -1,0 +1,544 @@
+// ConvertToChannelsLast (docs/passes.md, "Channels-last layout"): in a
+// frozen graph, store the 2-d convolutions' constant weights channels-last,
+// so that ATen's convolution (which goes channels-last when its input or its
+// weight is) converts the input once and the activations stay NHWC through
+// the layout-agnostic ops after it; every value leaving that region gets the
+// memory format the original gives it (torchfuse::custom_restore_layout).
+//
+// NB: why the meaning is kept.  The region is the set of values computed
+// from convolution outputs by admitted ops: each gives the same values for
+// any input strides, and with contiguous inputs returns canonical contiguous
+// strides.  Its one dynamic entry x is read only by convolutions (as their
+// input).  With x channels-last (suggest_memory_format) the original's
+// convolutions already run channels-last whatever the weight's layout, so the
+// rewritten region computes every value with the original's strides, and the
+// restore op returns its argument.  Otherwise the original's region values
+// are all contiguous (the weights were), and the restore op makes them so.
+// Exceptions are excluded below: a convolution whose input could be an
+// [N, 1, 1, 1] region value (channels-last strides that do not suggest
+// channels-last) and whose channels-last weight would; constants whose
+// strides could steer TensorIterator's output layout (more than one dim of
+// size > 1); anything written after it leaves the region, since the restore
+// op may copy.
+
+#include <ATen/ATen.h>
+#include <torch/csrc/jit/ir/alias_analysis.h>
+#include <torch/csrc/jit/ir/constants.h>
+#include <torch/csrc/jit/ir/ir.h>
+#include <torch/csrc/jit/jit_log.h>
+
+#include <algorithm>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "passes/convert_to_channels_last.h"
+#include "passes/match_filters.h"
+#include "torchfuse/passes.h"
+
+namespace torchfuse::passes {
+namespace {
+
+using torch::jit::AliasDb;
+using torch::jit::Node;
+using torch::jit::Value;
+
+c10::Symbol sym(const char* name) {
+  return c10::Symbol::fromQualString(name);
+}
+
+// The convolution forms, with where their groups argument is, and whether
+// an `other` operand follows (index 7).
+struct ConvForm {
+  size_t groups;
+  bool other;
+  bool transposed_arg; // aten::_convolution / aten::convolution: index 6
+};
+
+std::optional<ConvForm> convForm(const Node* n) {
+  static const std::unordered_map<c10::Symbol, ConvForm> forms = {
+      {sym("aten::conv2d"), {6, false, false}},
+      {sym("aten::_convolution"), {8, false, true}},
+      {sym("aten::convolution"), {8, false, true}},
+      {sym("torchfuse::custom_conv_relu_add"), {6, true, false}},
+      {sym("torchfuse::custom_conv_add_act"), {6, true, false}},
+  };
+  const auto it = forms.find(n->kind());
+  if (it == forms.end()) {
+    return std::nullopt;
+  }
+  return it->second;
+}
+
+bool mayHoldTensor(const Value* v) {
+  const auto& t = v->type();
+  if (t->kind() == c10::TypeKind::NoneType) {
+    return false;
+  }
+  return t->isSubtypeOf(*c10::TensorType::get()) ||
+      t->isSubtypeOf(*c10::OptionalType::ofTensor()) ||
+      t->isSubtypeOf(*c10::ListType::ofTensors()) ||
+      t->isSubtypeOf(*c10::ListType::ofOptionalTensors()) || t->kind() == c10::TypeKind::AnyType;
+}
+
+std::optional<at::Tensor> constantTensor(const Value* v) {
+  if (v->node()->kind() != c10::prim::Constant) {
+    return std::nullopt;
+  }
+  const auto iv = torch::jit::toIValue(v);
+  if (!iv || !iv->isTensor() || !iv->toTensor().defined()) {
+    return std::nullopt;
+  }
+  return iv->toTensor();
+}
+
+bool isNoneConstant(const Value* v) {
+  return v->type()->kind() == c10::TypeKind::NoneType;
+}
+
+// A constant operand that cannot steer an elementwise op's output layout:
+// TensorIterator orders dims by the strides of the operands' non-broadcast
+// dims, and one with at most one dim of size > 1 never decides.
+bool isLayoutNeutralConstant(const Value* v) {
+  const auto t = constantTensor(v);
+  if (!t) {
+    return false;
+  }
+  const auto sizes = t->sizes();
+  return std::count_if(sizes.begin(), sizes.end(), [](int64_t s) { return s > 1; }) <= 1;
+}
+
+std::optional<std::vector<int64_t>> constantInts(const Value* v) {
+  const auto iv = torch::jit::toIValue(v);
+  if (!iv) {
+    return std::nullopt;
+  }
+  if (iv->isIntList()) {
+    return iv->toIntVector();
+  }
+  if (iv->isInt()) {
+    return std::vector<int64_t>{iv->toInt()};
+  }
+  return std::nullopt;
+}
+
+// Ops that give the same values for any input strides and, with contiguous
+// inputs, return canonical contiguous strides.  The first input is the one
+// an in-place form writes.
+const std::unordered_set<c10::Symbol>& elementwiseKinds() {
+  static const std::unordered_set<c10::Symbol> kinds = [] {
+    std::unordered_set<c10::Symbol> k;
+    for (const char* name :
+         {"relu", "sigmoid", "tanh", "hardtanh", "hardswish", "hardsigmoid", "silu", "gelu",
+          "leaky_relu", "elu", "clamp", "clamp_min", "clamp_max", "mish", "add", "sub", "mul",
+          "div"}) {
+      k.insert(c10::Symbol::aten(name));
+      k.insert(c10::Symbol::aten(std::string(name) + "_"));
+    }
+    for (const char* name :
+         {"relu6", "neg", "abs", "exp", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d",
+          "batch_norm"}) {
+      k.insert(c10::Symbol::aten(name));
+    }
+    k.insert(sym("torchfuse::custom_relu"));
+    return k;
+  }();
+  return kinds;
+}
+
+bool isInPlace(const Node* n) {
+  const std::string name = n->kind().toUnqualString();
+  return n->kind().is_aten() && !name.empty() && name.back() == '_';
+}
+
+// Nodes that read only a tensor's metadata, the same in any layout.
+bool readsOnlyMetadata(const Node* n) {
+  static const std::unordered_set<c10::Symbol> kinds = {
+      sym("aten::size"),  sym("aten::dim"),    sym("aten::numel"),  sym("aten::len"),
+      sym("prim::dtype"), sym("prim::device"), sym("prim::is_cuda")};
+  return kinds.count(n->kind()) > 0;
+}
+
+// Inductor's measured channels-last speed ratios (torch/_inductor/graph.py,
+// decide_layout_opt): < 1 is faster in NHWC.
+constexpr double kGroupedMultiplier = 1.358;
+constexpr double kDefaultMultiplier = 0.823;
+constexpr double kInOutMultiplier = 0.725;
+constexpr double kSmallMultiplier = 0.783;
+// NB: the spatial sizes are unknown; only their ratios matter to the
+// decision, except after an adaptive pooling (a fixed size), so the entry
+// is taken as 224 x 224 (ImageNet's).
+constexpr double kNominalEntryArea = 224.0 * 224.0;
+
+struct Region {
+  Value* entry = nullptr;
+  std::vector<Node*> nodes; // admitted, in graph order
+  std::unordered_set<const Value*> values;
+  std::unordered_set<const Node*> lists; // ListConstructs only a region cat reads
+  std::vector<Node*> convs;
+};
+
+class ChannelsLastConversion {
+ public:
+  explicit ChannelsLastConversion(std::shared_ptr<torch::jit::Graph>& graph) : graph_(graph) {}
+
+  int64_t run(bool force) {
+    if (!buildRegion()) {
+      return 0;
+    }
+    const auto weights = candidateWeights();
+    if (weights.empty()) {
+      return 0;
+    }
+    if (!force && !(allOnCuda(weights) && flopRatio(weights) <= 1.0)) {
+      return 0;
+    }
+    AliasDb db(graph_);
+    if (!entryUnwritten(db)) {
+      return 0;
+    }
+    const auto exits = exitPoints(db);
+    if (!exits) {
+      return 0;
+    }
+    for (const auto& [value, point] : *exits) {
+      insertRestore(value, point);
+    }
+    for (Value* w : weights) {
+      const auto t = constantTensor(w)->detach().contiguous(at::MemoryFormat::ChannelsLast);
+      torch::jit::WithInsertPoint guard(w->node());
+      Value* converted = graph_->insertConstant(t);
+      converted->setType(c10::TensorType::create(t));
+      w->replaceAllUsesWith(converted);
+      w->node()->destroy();
+    }
+    return static_cast<int64_t>(weights.size());
+  }
+
+ private:
+  bool inRegion(const Value* v) const {
+    return region_.values.count(v) > 0;
+  }
+
+  // Admits a convolution reading region value or entry `input`.
+  bool admitConv(const Node* n, const ConvForm& form) const {
+    if (form.transposed_arg) {
+      const auto transposed = constantBool(n->input(6));
+      if (!transposed || *transposed) {
+        return false;
+      }
+    }
+    const auto weight = constantTensor(n->input(1));
+    if (!weight || weight->dim() != 4 ||
+        weight->suggest_memory_format() != at::MemoryFormat::Contiguous ||
+        !weight->is_contiguous()) {
+      return false;
+    }
+    if (!isNoneConstant(n->input(2)) && !constantTensor(n->input(2))) {
+      return false;
+    }
+    if (!constantInts(n->input(form.groups))) {
+      return false;
+    }
+    if (n->input(0)->node()->kind() == c10::prim::Constant || !isTensor(n->input(0))) {
+      return false;
+    }
+    if (form.other) {
+      const Value* other = n->input(7);
+      if (!isNoneConstant(other) && !inRegion(other) && !isLayoutNeutralConstant(other)) {
+        return false;
+      }
+    }
+    // Every other input is a number or a list of them.
+    for (size_t i = 3; i < n->inputs().size(); ++i) {
+      if (!(form.other && i == 7) && mayHoldTensor(n->input(i))) {
+        return false;
+      }
+    }
+    return n->outputs().size() == 1;
+  }
+
+  // Admits a non-conv op all of whose tensor inputs are region values (at
+  // least one) or layout-neutral constants.
+  bool admitOther(const Node* n) const {
+    if (n->outputs().size() != 1 || !isTensor(n->output())) {
+      return false;
+    }
+    bool reads_region = false;
+    if (n->kind() == sym("aten::cat")) {
+      const Value* list = n->input(0);
+      if (region_.lists.count(list->node()) == 0) {
+        return false;
+      }
+      return n->inputs().size() == 2 && constantInts(n->input(1)).has_value();
+    }
+    if (elementwiseKinds().count(n->kind()) == 0) {
+      return false;
+    }
+    if (n->kind() == sym("aten::batch_norm")) {
+      const auto training = constantBool(n->input(5));
+      if (!training || *training) {
+        return false;
+      }
+    }
+    if (isInPlace(n) && !inRegion(n->input(0))) {
+      return false; // writes a tensor outside the region
+    }
+    for (const Value* v : n->inputs()) {
+      if (inRegion(v)) {
+        reads_region = true;
+      } else if (mayHoldTensor(v) && !isLayoutNeutralConstant(v)) {
+        return false;
+      }
+    }
+    return reads_region;
+  }
+
+  bool buildRegion() {
+    std::unordered_set<Value*> entries;
+    for (Node* n : graph_->nodes()) {
+      if (const auto form = convForm(n)) {
+        if (!admitConv(n, *form)) {
+          continue;
+        }
+        if (!inRegion(n->input(0))) {
+          entries.insert(n->input(0));
+        }
+        region_.convs.push_back(n);
+      } else if (n->kind() == c10::prim::ListConstruct) {
+        const bool all_region = !n->inputs().empty() &&
+            std::all_of(n->inputs().begin(), n->inputs().end(), [&](const Value* v) {
+              return inRegion(v);
+            });
+        const auto& uses = n->output()->uses();
+        if (all_region && uses.size() == 1 && uses[0].user->kind() == sym("aten::cat") &&
+            uses[0].offset == 0) {
+          region_.lists.insert(n);
+        }
+        continue;
+      } else if (!admitOther(n)) {
+        continue;
+      }
+      region_.nodes.push_back(n);
+      region_.values.insert(n->output());
+    }
+    // NB: a list whose cat was not admitted leaves the region there.
+    for (auto it = region_.lists.begin(); it != region_.lists.end();) {
+      const Node* cat = (*it)->output()->uses()[0].user;
+      it = inRegion(cat->output()) ? std::next(it) : region_.lists.erase(it);
+    }
+    if (entries.size() != 1) {
+      return false;
+    }
+    region_.entry = *entries.begin();
+    return true;
+  }
+
+  // Region convolutions' weights that only region convolutions read (as
+  // their weight), each held by its own storage: converting them adds no
+  // copy.  A convolution whose weight has one input channel, groups = 1 and
+  // a kernel larger than 1x1 may read an [N, 1, 1, 1] region value, whose
+  // channels-last strides do not suggest channels-last while its
+  // channels-last weight would: its weight stays.
+  std::vector<Value*> candidateWeights() const {
+    std::unordered_set<const Node*> convs(region_.convs.begin(), region_.convs.end());
+    std::unordered_map<const c10::StorageImpl*, int> storages;
+    for (const Node* n : graph_->nodes()) {
+      if (n->kind() == c10::prim::Constant) {
+        if (const auto t = constantTensor(n->output()); t && t->has_storage()) {
+          ++storages[t->storage().unsafeGetStorageImpl()];
+        }
+      }
+    }
+    std::vector<Value*> weights;
+    std::unordered_set<const Value*> seen;
+    for (Node* conv : region_.convs) {
+      Value* w = conv->input(1);
+      if (!seen.insert(w).second) {
+        continue;
+      }
+      const auto t = *constantTensor(w);
+      if (storages[t.storage().unsafeGetStorageImpl()] != 1) {
+        continue;
+      }
+      const bool only_convs = std::all_of(w->uses().begin(), w->uses().end(), [&](const auto& u) {
+        if (convs.count(u.user) == 0 || u.offset != 1) {
+          return false;
+        }
+        const auto groups = (*constantInts(u.user->input(convForm(u.user)->groups)))[0];
+        const bool may_read_ambiguous = u.user->input(0) != region_.entry && t.size(1) == 1 &&
+            groups == 1 && t.size(2) * t.size(3) > 1;
+        return !may_read_ambiguous;
+      });
+      if (only_convs) {
+        weights.push_back(w);
+      }
+    }
+    return weights;
+  }
+
+  // NB: cuDNN's NHWC kernels are what the multipliers measure.
+  static bool allOnCuda(const std::vector<Value*>& weights) {
+    return std::all_of(weights.begin(), weights.end(), [](const Value* w) {
+      return constantTensor(w)->is_cuda();
+    });
+  }
+
+ public:
+  // The region's convertible weights, empty when there is no region.
+  std::vector<Value*> weights() {
+    return buildRegion() ? candidateWeights() : std::vector<Value*>{};
+  }
+
+  // decide_layout_opt's inference rule over the convolutions whose weights
+  // convert: their FLOPs weighted by Inductor's channels-last ratios over
+  // their plain sum (channels-last when <= 1), each conv's FLOPs estimated
+  // as Cout * Cin/groups * kH * kW times its output's area, propagated from
+  // the entry through the strides of convs and pools.
+  double flopRatio(const std::vector<Value*>& weights) const {
+    const std::unordered_set<const Value*> converted(weights.begin(), weights.end());
+    std::unordered_map<const Value*, double> area = {{region_.entry, kNominalEntryArea}};
+    const auto areaOf = [&](const Value* v) {
+      const auto it = area.find(v);
+      return it == area.end() ? 0.0 : it->second;
+    };
+    const auto strideArea = [](const Value* v, double fallback) {
+      const auto s = constantInts(v);
+      if (!s || s->empty()) {
+        return fallback;
+      }
+      return static_cast<double>((*s)[0] * (*s)[s->size() > 1 ? 1 : 0]);
+    };
+    double total = 0;
+    double weighted = 0;
+    for (const Node* n : region_.nodes) {
+      double a = 0;
+      for (const Value* v : n->inputs()) {
+        a = std::max(a, areaOf(v));
+      }
+      if (n->kind() == sym("aten::cat")) {
+        for (const Value* v : n->input(0)->node()->inputs()) {
+          a = std::max(a, areaOf(v));
+        }
+      }
+      if (const auto form = convForm(n)) {
+        a = areaOf(n->input(0)) / std::max(1.0, strideArea(n->input(3), 1.0));
+        if (converted.count(n->input(1)) > 0) {
+          const auto w = *constantTensor(n->input(1));
+          const auto groups = (*constantInts(n->input(form->groups)))[0];
+          const double flops =
+              static_cast<double>(w.size(0) * w.size(1) * w.size(2) * w.size(3)) * a;
+          double m = kDefaultMultiplier;
+          if (groups > 1 && w.size(1) > 1) {
+            m = kGroupedMultiplier;
+          } else if (w.size(0) <= 64 && w.size(1) <= 64) {
+            m = kSmallMultiplier;
+          } else if (w.size(0) * 2 <= w.size(1) && w.size(2) > 1) {
+            m = kInOutMultiplier;
+          }
+          total += flops;
+          weighted += flops * m;
+        }
+      } else if (n->kind() == sym("aten::max_pool2d") || n->kind() == sym("aten::avg_pool2d")) {
+        // stride [] means the kernel size
+        a /= std::max(1.0, strideArea(n->input(2), strideArea(n->input(1), 1.0)));
+      } else if (n->kind() == sym("aten::adaptive_avg_pool2d")) {
+        const auto s = constantInts(n->input(1));
+        if (s && !s->empty()) {
+          a = static_cast<double>((*s)[0] * (*s)[s->size() > 1 ? 1 : 0]);
+        }
+      }
+      area[n->output()] = a;
+    }
+    return total > 0 ? weighted / total : 2.0;
+  }
+
+ private:
+  // The restore op reads the entry's layout where values leave: nothing may
+  // change it in between.
+  bool entryUnwritten(const AliasDb& db) const {
+    bool written = false;
+    const torch::jit::ValueSet entry = {region_.entry};
+    forEachNode(graph_->block(), [&](Node* n) { written = written || db.writesToAlias(n, entry); });
+    return !written;
+  }
+
+  // For each region value read outside the region, the top-level node
+  // before which its restore op goes: the first that reads it there (or
+  // holds a block that does).  nullopt when something at or after that point
+  // writes to it or to an alias of it: the restore op may copy, and the
+  // outside readers would miss the write.
+  std::optional<std::vector<std::pair<Value*, Node*>>> exitPoints(const AliasDb& db) const {
+    std::unordered_set<const Node*> internal(region_.nodes.begin(), region_.nodes.end());
+    internal.insert(region_.lists.begin(), region_.lists.end());
+    std::vector<std::pair<Value*, Node*>> exits;
+    for (Node* n : region_.nodes) {
+      Value* v = n->output();
+      Node* point = nullptr;
+      for (const auto& use : v->uses()) {
+        if (internal.count(use.user) > 0 || readsOnlyMetadata(use.user)) {
+          continue;
+        }
+        Node* top = use.user;
+        while (top->owningBlock() != graph_->block()) {
+          top = top->owningBlock()->owningNode();
+        }
+        if (point == nullptr || top->isBefore(point)) {
+          point = top;
+        }
+      }
+      if (point == nullptr) {
+        continue;
+      }
+      const torch::jit::ValueSet set = {v};
+      bool written = false;
+      for (Node* m = point; m != graph_->block()->return_node() && !written; m = m->next()) {
+        written = db.writesToAlias(m, set);
+        for (auto* b : m->blocks()) {
+          forEachNode(b, [&](Node* inner) { written = written || db.writesToAlias(inner, set); });
+        }
+      }
+      if (written) {
+        return std::nullopt;
+      }
+      exits.emplace_back(v, point);
+    }
+    return exits;
+  }
+
+  void insertRestore(Value* v, Node* point) {
+    std::unordered_set<const Node*> internal(region_.nodes.begin(), region_.nodes.end());
+    internal.insert(region_.lists.begin(), region_.lists.end());
+    Node* restore = graph_->create(sym("torchfuse::custom_restore_layout"), {v, region_.entry}, 1);
+    restore->output()->setType(v->type());
+    restore->insertBefore(point);
+    const auto uses = v->uses();
+    for (const auto& use : uses) {
+      if (use.user != restore && internal.count(use.user) == 0 && !readsOnlyMetadata(use.user)) {
+        use.user->replaceInput(use.offset, restore->output());
+      }
+    }
+  }
+
+  std::shared_ptr<torch::jit::Graph>& graph_;
+  Region region_;
+};
+
+} // namespace
+
+std::optional<double> channelsLastFlopRatio(std::shared_ptr<torch::jit::Graph>& graph) {
+  ChannelsLastConversion conversion(graph);
+  const auto weights = conversion.weights();
+  if (weights.empty()) {
+    return std::nullopt;
+  }
+  return conversion.flopRatio(weights);
+}
+
+int64_t ConvertToChannelsLast(std::shared_ptr<torch::jit::Graph>& graph, bool force) {
+  const auto converted = ChannelsLastConversion(graph).run(force);
+  GRAPH_DUMP("After ConvertToChannelsLast", graph);
+  return converted;
+}
+
+} // namespace torchfuse::passes
