@@ -1,5 +1,6 @@
 #include "passes/convert_to_channels_last.h"
 #include "test/cpp/passes/pass_test_utils.h"
+#include "torchfuse/optimize.h"
 #include "torchfuse/passes.h"
 
 #include <torch/csrc/jit/ir/irparser.h>
@@ -300,6 +301,45 @@ TEST(ConvertToChannelsLast, CostModelRejectsGroupedConvolutions) {
   EXPECT_GT(*channelsLastFlopRatio(graph), 1.0);
   auto empty = frozen("%x : Tensor", "  return (%x)");
   EXPECT_FALSE(channelsLastFlopRatio(empty).has_value());
+}
+
+TEST(ConvertToChannelsLast, OptimizeRunsItOnlyWhenFrozenAndAsked) {
+  torch::jit::Module m("m");
+  torch::manual_seed(0);
+  m.register_parameter("w", at::randn({4, 3, 3, 3}), false);
+  m.define(R"JIT(
+def forward(self, x):
+    return torch.relu(torch.conv2d(x, self.w, None, [1, 1], [1, 1]))
+)JIT");
+  m.eval();
+  const auto restores = [](const torch::jit::Module& out) {
+    return out.get_method("forward").graph()->toString().find("custom_restore_layout") !=
+        std::string::npos;
+  };
+  OptimizeOptions options;
+  options.freeze = true;
+  EXPECT_FALSE(restores(optimize(m, options))); // auto: CPU weights keep NCHW
+  options.layout = Layout::Keep;
+  EXPECT_FALSE(restores(optimize(m, options)));
+  options.layout = Layout::ChannelsLast;
+  auto out = optimize(m, options);
+  EXPECT_TRUE(restores(out));
+  const auto x = at::randn({2, 3, 5, 5});
+  const auto e = m.forward({x}).toTensor();
+  const auto a = out.forward({x}).toTensor();
+  EXPECT_EQ(a.strides(), e.strides());
+  EXPECT_TRUE(at::allclose(a, e, 1e-4, 1e-5));
+  options.freeze = false;
+  try {
+    optimize(m, options);
+    ADD_FAILURE() << "layout ChannelsLast without freeze did not throw";
+  } catch (const c10::Error& err) {
+    EXPECT_NE(
+        std::string(err.what_without_backtrace())
+            .find("expected freeze=True with layout channels_last"),
+        std::string::npos)
+        << err.what_without_backtrace();
+  }
 }
 
 } // namespace
