@@ -20,9 +20,10 @@
 // (`conv + 1.0`), conv*d.padding (padding='same'/'valid'), a batch_norm
 // between conv and the rest (BN in training, or unfrozen: not folded), and
 // chains whose intermediates have other uses.
-// NB: runs after FuseConvReluAdd, so that conv -> relu -> add stays
-// custom_conv_relu_add (its own kernels and mask-based backward), instead
-// of becoming conv -> relu here and an unfused add.
+// NB: runs after the seed chains (passes/registry.cpp), so that conv ->
+// relu -> add stays custom_conv_relu_add instead of becoming conv -> relu
+// here and an unfused add, and the add of batch_norm -> add -> div -> swish
+// stays that chain's.
 
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/jit_log.h>

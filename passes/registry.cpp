@@ -16,12 +16,6 @@ const std::vector<Fusion>& fusions() {
        {"torchfuse::custom_conv_relu_add"},
        &passes::FuseConvReluAdd,
        true},
-      // NB: after conv_relu_add, which keeps conv -> relu -> add.
-      {"conv_add_act",
-       "conv{1,2,3}d → [add] → [activation]",
-       {"torchfuse::custom_conv_add_act"},
-       &passes::FuseConvAddAct,
-       true},
       {"linear_add_relu",
        "linear → add → relu",
        {"torchfuse::custom_linear_add_relu"},
@@ -32,6 +26,13 @@ const std::vector<Fusion>& fusions() {
        {"torchfuse::custom_batch_norm_add_div_swish",
         "torchfuse::custom_batch_norm_add_div_swish_eval"},
        &passes::FuseBatchNormAddDivSwish,
+       true},
+      // NB: after the seed chains, so that each keeps its own: conv -> relu
+      // -> add, and an add of a conv output into batch_norm -> add -> div.
+      {"conv_add_act",
+       "conv{1,2,3}d → [add] → [activation]",
+       {"torchfuse::custom_conv_add_act"},
+       &passes::FuseConvAddAct,
        true},
       {"relu",
        "a standalone relu",
