@@ -13,7 +13,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def cmake(*args, env=None, cwd=None, timeout=900):
-    return subprocess.run(["cmake", *map(str, args)], capture_output=True, text=True,
+    # NB: the cmake of the test's own PATH: a user's environment (env) may
+    # not list where it is installed (e.g. pip's cmake in another venv).
+    return subprocess.run([shutil.which("cmake") or "cmake", *map(str, args)], capture_output=True, text=True,
                           env=env, cwd=cwd, timeout=timeout)
 
 

@@ -259,6 +259,13 @@ def eager_error(fn):
     return core_message(str(info.value))
 
 
+def gradient_shape_error(fn):
+    """An autograd "invalid gradient" error without the node that raised it
+    and its output index: TorchScript's executor may run the original's
+    backward as a DifferentiableGraph or as ATen's own nodes."""
+    return re.sub(r"^Function \S+ returned an invalid gradient at index \d+ - ", "", eager_error(fn))
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_conv_quantized_input_fails_as_the_original(mode):
     """A quantized tensor reaching the chain fails in eager's conv; the fused
@@ -330,8 +337,8 @@ def test_bn_weight_and_bias_of_c_elements_in_any_shape(shapes, mode):
     want_out, got_out = original(x, other), optimized(x, other)
     assert_same(got_out, want_out)
     if mode == "train":
-        want = eager_error(lambda: want_out.sum().backward())
-        assert eager_error(lambda: got_out.sum().backward()) == want
+        want = gradient_shape_error(lambda: want_out.sum().backward())
+        assert gradient_shape_error(lambda: got_out.sum().backward()) == want
 
 
 @pytest.mark.parametrize("mode", MODES)
