@@ -398,7 +398,8 @@ def _script_and_optimize(model, freeze: bool, what: str, outcome: Outcome, prese
     outcome.shares |= any(len(g) > 1 for g in sharing.values())
     methods = _methods_text(scripted)
     try:
-        opt = _optimize(scripted, freeze, preserved, layout)
+        # NB: the layout only where asked (tests replace _optimize).
+        opt = _optimize(scripted, freeze, preserved, *([layout] if layout != "auto" else []))
     except Exception as e:  # noqa: BLE001
         call = f"optimize(freeze=True, preserved_attrs={list(preserved)})" if freeze and preserved else "optimize"
         if layout != "auto":
@@ -732,7 +733,7 @@ def _frozen_by_torch_alike(model, steps, inputs, seed, dtype, what: str, preserv
         if not differs.failures:
             return None
         alike = Outcome(exact=outcome.frozen_exact)
-        opt = _optimize(script(), True, preserved, layout)
+        opt = _optimize(script(), True, preserved, *([layout] if layout != "auto" else []))
         trains = _trains_batch_norm(own) or _trains_batch_norm(opt)
         _run_steps(torch_frozen(), opt, steps, inputs, seed, dtype, False,
                    f"{what} against torch's own frozen original", False, alike, strides=layout != "auto")
