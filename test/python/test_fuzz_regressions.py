@@ -190,6 +190,23 @@ CASES = [
 """, marks=pytest.mark.xfail(strict=True, reason="custom_conv_add_act adds conv + other whatever the original's "
                                                   "operand order: with `other + conv` of other layouts, the "
                                                   "output's strides follow the conv output, not other's")),
+    # The same variant (seed 0 program 141, shrunk): v17 is a transposed
+    # view of a conv output that is channels-last because the input is;
+    # `v17 + fc18(v17)` then relu becomes custom_linear_add_relu, whose
+    # output is contiguous (32, 16, 4, 1) where the original's add follows
+    # v17's strides (8, 1, 24, 2).  Values are equal.
+    case("linear_add_relu_output_ignores_other_strides", [[4, 3, 4, 5]], 141, {}, """\
+        self.conv9 = nn.Conv2d(3, 2, 2, stride=1, padding=0, dilation=1, groups=1, bias=True)
+        self.fc18 = nn.Linear(4, 4, bias=True)
+    def forward(self, x0):
+        v10 = self.conv9(x0)
+        v17 = v10.transpose(0, 2)
+        v19 = self.fc18(v17)
+        v20 = v17 + v19
+        v21 = F.relu(v20, inplace=True)
+        return v21
+""", marks=pytest.mark.xfail(strict=True, reason="custom_linear_add_relu's output is contiguous where the "
+                                                  "original's add takes other's (non-contiguous) strides")),
 ]
 
 test_optimize_keeps_meaning = keeps_meaning_test(CASES)
