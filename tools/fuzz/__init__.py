@@ -7,8 +7,11 @@ what a module computes.
 
 Each program is a random nn.Module written as Python source from a small
 vocabulary (linear, conv1d/conv2d, batch_norm, relu/relu_, add/add_/sub,
-div, mul, sigmoid, silu, views, in-place writes, if and for blocks), biased
-towards the four fusable chains and near-misses of them.  Features, each
+div, mul, sigmoid, silu, the activations of conv_add_act: relu, relu6,
+hardtanh, silu, hardswish, hardsigmoid, sigmoid, gelu, leaky_relu, in and
+out of place; views, in-place writes, if and for blocks), biased towards
+the five fusable chains (conv -> [add] -> activation among them) and
+near-misses of them.  Features, each
 from its own random stream (without them a program is the one drawn before
 they existed): `tied`, parameters tied and buffers shared between
 attributes (`self.fc2.weight = self.fc1.weight`, `self.bn2.running_mean =
@@ -21,7 +24,10 @@ scripted and optimized twice, and checked in these modes:
             method);
   frozen    torchfuse.optimize(scripted.eval(), freeze=True, with the
             exported method in preserved_attrs): one step, and one of the
-            exported method;
+            exported method; for half the programs with a 2-d convolution,
+            again with layout="channels_last" (in half of those with the
+            4-d inputs channels-last), where the outputs' strides must be
+            the original's too;
   autocast  the train mode's steps under torch.autocast('cpu', bfloat16)
             (float32): equal dtypes, values judged against the float64 run;
   double_backward  a gradient penalty: gradients with create_graph=True,

@@ -9,6 +9,7 @@ import io
 import itertools
 import linecache
 import math
+import random
 import re
 import sys
 import types
@@ -30,6 +31,14 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 # gradient penalty through optimize(m) (see _double_backward_values).
 MODES = ["train", "eval", "frozen", "autocast", "double_backward"]
 AUTOCAST = "autocast"
+# The frozen mode's variant: optimize(..., freeze=True,
+# layout="channels_last") (passes/convert_to_channels_last.cpp), values and
+# output strides compared, for CHANNELS_LAST_FRACTION of the programs with
+# a 2-d convolution, and in half of those with its 4-d inputs channels-last
+# (the pass's other case: the original's convolutions run channels-last
+# already).  Drawn from the check seed's own stream.
+CHANNELS_LAST = "channels_last"
+CHANNELS_LAST_FRACTION = 0.5
 
 _counter = itertools.count()
 
@@ -70,11 +79,12 @@ def _loss_weights(outputs, rng_seed: int) -> List[torch.Tensor]:
 
 
 def _run_step(ref, opt, inputs, rng_seed, dtype, grads: bool, params: bool, what: str, outcome: Outcome,
-              method: str = "forward", autocast: bool = False):
+              method: str = "forward", autocast: bool = False, strides: bool = False):
     """One forward (and backward) of both modules' `method` on equal inputs;
     with `autocast`, the forwards under CPU autocast to bfloat16 (see
     _judge for the tolerance) and the backwards after it, as in training
-    with mixed precision."""
+    with mixed precision; with `strides`, the outputs' strides must be the
+    original's too (_strides_mismatch)."""
     before = copy.deepcopy(ref)  # for _spread: the step changes buffers
     leaves_a = [t.clone().requires_grad_(grads) for t in inputs]
     leaves_b = [t.clone().requires_grad_(grads) for t in inputs]
@@ -99,6 +109,11 @@ def _run_step(ref, opt, inputs, rng_seed, dtype, grads: bool, params: bool, what
     if len(out_a) != len(out_b):
         outcome.failures.append(f"{what}: {len(out_b)} outputs vs {len(out_a)}")
         return
+    if strides:
+        for i, (a, b) in enumerate(zip(out_a, out_b)):
+            msg = _strides_mismatch(a, b)
+            if msg:
+                outcome.failures.append(f"{what}: output {i}: {msg}")
     values_a = _values(ref, out_a, ins_a)
     values_b = _values(opt, out_b, ins_b)
     loss = None
@@ -150,6 +165,16 @@ def _run_step(ref, opt, inputs, rng_seed, dtype, grads: bool, params: bool, what
            step.replace(AUTOCAST + " ", "", 1) if autocast else step, what, outcome,
            lambda: _spread(before, inputs, spread_dtype, rng_seed, values_a, evaluate, ulps, state=not autocast),
            record=not autocast)
+
+
+def _strides_mismatch(a: torch.Tensor, b: torch.Tensor) -> Optional[str]:
+    """How `b`'s strides differ from `a`'s (optimized, then original), for
+    tensors of one shape with more than one element; None if equal.  NB:
+    the strides of size-1 dims count too: they decide what
+    suggest_memory_format says, so the layout the ops after it choose."""
+    if a.shape != b.shape or a.numel() <= 1 or a.stride() == b.stride():
+        return None
+    return f"strides {tuple(b.stride())} vs {tuple(a.stride())} (shape {tuple(a.shape)})"
 
 
 def _double_backward_values(module, leaves, rng_seed: int) -> Optional[Dict[str, torch.Tensor]]:
@@ -302,14 +327,19 @@ def check_source(
     modes: Sequence[str] = tuple(MODES),
     stop_early: bool = False,
     round_trip: bool = True,
+    channels_last: Optional[str] = None,
 ) -> Outcome:
     """Runs `source` (a class Program) and its optimized forms as described
     in the module docstring; with `round_trip`, also the optimized forms
     after torch.jit.save / torch.jit.load.  A line `# preserved_attrs: a, b`
     in the class names what the frozen mode preserves (the first: an
-    exported method taking forward's inputs).  Raises Invalid if the
-    original cannot run."""
+    exported method taking forward's inputs).  `channels_last`: the frozen
+    mode's channels-last variant, "contiguous" or "channels_last" (its 4-d
+    inputs so), "none", or None to draw it (see CHANNELS_LAST).  Raises
+    Invalid if the original cannot run."""
     cls = load_class(source)
+    if channels_last is None:
+        channels_last = _draw_channels_last(source, seed)
     m = re.search(r"^\s*# preserved_attrs: (.*)$", source, re.M)
     preserved = tuple(n.strip() for n in m.group(1).split(",")) if m else ()
     outcome = Outcome()
@@ -323,24 +353,37 @@ def check_source(
     torch.set_num_threads(1)
     try:
         with torch.jit.optimized_execution(False):
-            _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, preserved, outcome)
+            _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, preserved, outcome,
+                   channels_last)
     finally:
         torch.set_num_threads(threads)
     return outcome
 
 
-def _optimize(module, freeze: bool, preserved: Sequence[str]):
+def _draw_channels_last(source: str, seed: int) -> str:
+    rng = random.Random(f"{seed}:{CHANNELS_LAST}")
+    if not re.search(r"\bConv2d\(|\bF\.conv2d\(", source) or rng.random() >= CHANNELS_LAST_FRACTION:
+        return "none"
+    return "channels_last" if rng.random() < 0.5 else "contiguous"
+
+
+def _optimize(module, freeze: bool, preserved: Sequence[str], layout: str = "auto"):
     """torchfuse.optimize; with preserved attributes (frozen programs with
     an exported method) through its preserved_attrs keyword.  Every pass
-    runs, the ones only run when named (relu) included."""
+    runs, the ones only run when named (relu) included.  `layout`: frozen
+    only (optimize's layout keyword)."""
     passes = torchfuse.pass_names()
+    kw = {"layout": layout} if layout != "auto" else {}
     if freeze and preserved:
-        return torchfuse.optimize(module, freeze=True, passes=passes, preserved_attrs=list(preserved))
-    return torchfuse.optimize(module, freeze=freeze, passes=passes)
+        return torchfuse.optimize(module, freeze=True, passes=passes, preserved_attrs=list(preserved), **kw)
+    return torchfuse.optimize(module, freeze=freeze, passes=passes, **kw)
 
 
-def _script_and_optimize(model, freeze: bool, what: str, outcome: Outcome, preserved: Sequence[str] = ()):
-    """(original, optimized), counting the fused nodes; optimized is None
+def _script_and_optimize(model, freeze: bool, what: str, outcome: Outcome, preserved: Sequence[str] = (),
+                         layout: str = "auto"):
+    """(original, optimized), counting the fused nodes (not for
+    layout="channels_last": the frozen mode's counts again, which the
+    regression cases' expected counts do not include); optimized is None
     (a failure recorded) if optimize raised or the result's parameters and
     buffers are not shared as the original's are.  The original returned
     is a copy of the module optimized, made before: optimize may share its
@@ -355,14 +398,18 @@ def _script_and_optimize(model, freeze: bool, what: str, outcome: Outcome, prese
     outcome.shares |= any(len(g) > 1 for g in sharing.values())
     methods = _methods_text(scripted)
     try:
-        opt = _optimize(scripted, freeze, preserved)
+        # NB: the layout only where asked (tests replace _optimize).
+        opt = _optimize(scripted, freeze, preserved, *([layout] if layout != "auto" else []))
     except Exception as e:  # noqa: BLE001
         call = f"optimize(freeze=True, preserved_attrs={list(preserved)})" if freeze and preserved else "optimize"
+        if layout != "auto":
+            call = call.replace(")", f", layout={layout!r})") if "(" in call else f"optimize(layout={layout!r})"
         outcome.failures.append(f"{what}: {call} raised: {type(e).__name__}: {str(e).splitlines()[0]}")
         return ref, None
-    for op, n in torchfuse.report(opt).items():
-        if op in OPS and n:
-            outcome.fused[op] += n
+    if layout == "auto":
+        for op, n in torchfuse.report(opt).items():
+            if op in OPS and n:
+                outcome.fused[op] += n
     if _methods_text(scripted) != methods:
         outcome.failures.append(f"{what}: optimize changed its input module's methods")
     msg = _sharing_mismatch(sharing, opt, freeze)
@@ -444,7 +491,7 @@ def _copy(module):
 
 
 def _run_steps(ref, opt, steps, inputs, seed, dtype, params: bool, what: str, stop_early: bool,
-               outcome: Outcome, autocast: bool = False) -> None:
+               outcome: Outcome, autocast: bool = False, strides: bool = False) -> None:
     """One mode's steps, `ref` and `opt` in step: (mode, i) runs step i
     (check seed seed + i) of forward, (mode, i, method) of another method,
     in eval mode from the first "eval" step on.  `what` names a step once
@@ -455,13 +502,14 @@ def _run_steps(ref, opt, steps, inputs, seed, dtype, params: bool, what: str, st
             opt.eval()
         name = what.format(mode=mode, i=i) + "".join(f" {m}()" for m in method)
         _run_step(ref, opt, inputs, seed + i, dtype, True, params, name, outcome,
-                  method=method[0] if method else "forward", autocast=autocast)
+                  method=method[0] if method else "forward", autocast=autocast, strides=strides)
         if stop_early and outcome.failures:
             return
 
 
 def _check_mode(ref, opt, steps, inputs, seed, dtype, params: bool, label: str, what: str,
-                stop_early: bool, round_trip: bool, outcome: Outcome, preserved: Sequence[str] = ()) -> None:
+                stop_early: bool, round_trip: bool, outcome: Outcome, preserved: Sequence[str] = (),
+                strides: bool = False) -> None:
     """One mode's steps on `opt` against `ref`; then, with `round_trip` and
     where those passed, the same steps on `opt` after torch.jit.save /
     torch.jit.load against a copy of `ref` from the same state.  Where the
@@ -474,7 +522,8 @@ def _check_mode(ref, opt, steps, inputs, seed, dtype, params: bool, label: str, 
     the mode has no reference and is not judged (counted in
     Outcome.round_trip_torch_differs).  The loaded module's parameters and
     buffers must be shared as the original's are (_sharing_mismatch).
-    `preserved`: what the frozen modules keep (optimize's preserved_attrs)."""
+    `preserved`: what the frozen modules keep (optimize's preserved_attrs);
+    `strides`: every run compares the outputs' strides too."""
     saved = start = loaded = None
     if round_trip:
         # NB: both saved and copied before any step, so the loaded module
@@ -498,7 +547,7 @@ def _check_mode(ref, opt, steps, inputs, seed, dtype, params: bool, label: str, 
     # compilation may drop a fused node whose result is dead (seed 11,
     # program 1920: a custom_relu for a relu_ of a value then overwritten).
     failed = len(outcome.failures)
-    _run_steps(ref, opt, steps, inputs, seed, dtype, params, what, stop_early, outcome)
+    _run_steps(ref, opt, steps, inputs, seed, dtype, params, what, stop_early, outcome, strides=strides)
     if not round_trip or len(outcome.failures) > failed:
         return  # NB: the loaded module would mostly repeat an in-memory failure
     msg = _sharing_mismatch(_sharing(start), loaded, not params)
@@ -507,7 +556,7 @@ def _check_mode(ref, opt, steps, inputs, seed, dtype, params: bool, label: str, 
         return
     after = Outcome(exact=outcome.exact)
     _run_steps(_copy(start), loaded, steps, inputs, seed, dtype, params,
-               f"{what} {AFTER_SAVE_LOAD}", stop_early, after)
+               f"{what} {AFTER_SAVE_LOAD}", stop_early, after, strides=strides)
     if after.failures:
         alike = Outcome(exact=outcome.exact)
         try:
@@ -521,7 +570,7 @@ def _check_mode(ref, opt, steps, inputs, seed, dtype, params: bool, label: str, 
                     own = torch.jit._recursive.wrap_cpp_module(torch._C._freeze_module(own._c, list(preserved)))
             own_saved = _save(own)
             _run_steps(_load(own_saved), _load(saved), steps, inputs, seed, dtype, params,
-                       f"{what} {AFTER_SAVE_LOAD} against the loaded original", True, alike)
+                       f"{what} {AFTER_SAVE_LOAD} against the loaded original", True, alike, strides=strides)
         except Exception as e:  # noqa: BLE001  (torch's own module raised: no excuse)
             own_saved = None
             alike.failures.append(f"the loaded original raised: {e}")
@@ -536,7 +585,7 @@ def _check_mode(ref, opt, steps, inputs, seed, dtype, params: bool, label: str, 
             torch_own = Outcome(exact={})
             try:
                 _run_steps(_copy(start), _load(own_saved), steps, inputs, seed, dtype,
-                           params, f"{what} torch's own {AFTER_SAVE_LOAD}", True, torch_own)
+                           params, f"{what} torch's own {AFTER_SAVE_LOAD}", True, torch_own, strides=strides)
             except Invalid:
                 torch_own.failures.append("raised")
             if torch_own.failures:
@@ -565,7 +614,8 @@ def _to_dtype(model, dtype):
     return model
 
 
-def _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, preserved, outcome) -> None:
+def _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, preserved, outcome,
+           channels_last: str = "none") -> None:
     """The modes of one program, float64 first: the float32 runs are
     judged against its results.  The autocast steps are the train mode's
     steps again (so "autocast" needs those: it runs them), on copies of
@@ -578,6 +628,9 @@ def _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, prese
         frozen_base = copy.deepcopy(model).eval()
         g = torch.Generator().manual_seed(seed + 1)
         inputs = [torch.randn(s, generator=g).to(dtype) for s in input_shapes]
+        variant_inputs = None if channels_last == "none" else [
+            t.contiguous(memory_format=torch.channels_last) if channels_last == "channels_last" and t.dim() == 4
+            else t for t in inputs]
         autocast = AUTOCAST in modes and dtype == torch.float32
         names = ((["train"] * 2 if "train" in modes or AUTOCAST in modes else [])
                  + (["eval"] if "eval" in modes or AUTOCAST in modes else []))
@@ -604,27 +657,48 @@ def _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, prese
                 if stop_early and outcome.failures:
                     return
         if "frozen" in modes:
-            pristine = copy.deepcopy(frozen_base)  # NB: before the steps write its buffers
-            ref, opt = _script_and_optimize(frozen_base, True, f"{dname} frozen", outcome, preserved)
-            if opt is None:
+            # NB: copies before the steps write its buffers.
+            variant = copy.deepcopy(frozen_base) if variant_inputs is not None else None
+            if not _check_frozen(frozen_base, inputs, seed, dtype, dname, round_trip, preserved, exported,
+                                 stop_early, outcome):
                 return
-            steps = [("frozen", 7)] + [("frozen", 8, m) for m in exported]
-            failed = len(outcome.failures)
-            _check_mode(ref, opt, steps, inputs, seed, dtype,
-                        False, f"{dname} frozen", f"{dname} frozen", stop_early, round_trip, outcome, preserved)
-            new = outcome.failures[failed:]
-            if new and not any(AFTER_SAVE_LOAD in f for f in new):
-                verdict = _frozen_by_torch_alike(pristine, steps, inputs, seed, dtype, f"{dname} frozen",
-                                                 preserved, outcome)
-                if verdict:
-                    del outcome.failures[failed:]
-                    setattr(outcome, verdict, getattr(outcome, verdict) + 1)
-            if stop_early and outcome.failures:
-                return
+            if variant is not None:
+                outcome.channels_last += 1
+                # NB: "channels_last+inputs": its 4-d inputs channels-last too.
+                label = f"{dname} {CHANNELS_LAST}" + ("+inputs" if channels_last == "channels_last" else "")
+                if not _check_frozen(variant, variant_inputs, seed, dtype, label,
+                                     round_trip, preserved, exported, stop_early, outcome, "channels_last"):
+                    return
+
+
+def _check_frozen(model, inputs, seed, dtype, label: str, round_trip: bool, preserved, exported,
+                  stop_early: bool, outcome: Outcome, layout: str = "auto") -> bool:
+    """The frozen mode of `model` (in eval mode), labelled `label`
+    ("float64" or "float64 channels_last"); with layout="channels_last",
+    optimize(..., layout="channels_last") and the outputs' strides compared
+    too.  False where the check is to stop (optimize failed, or
+    stop_early and a failure)."""
+    pristine = copy.deepcopy(model)  # NB: before the steps write its buffers
+    strides = layout != "auto"
+    ref, opt = _script_and_optimize(model, True, f"{label} frozen", outcome, preserved, layout)
+    if opt is None:
+        return False
+    steps = [("frozen", 7)] + [("frozen", 8, m) for m in exported]
+    failed = len(outcome.failures)
+    _check_mode(ref, opt, steps, inputs, seed, dtype, False, f"{label} frozen", f"{label} frozen", stop_early,
+                round_trip, outcome, preserved, strides=strides)
+    new = outcome.failures[failed:]
+    if new and not any(AFTER_SAVE_LOAD in f for f in new):
+        verdict = _frozen_by_torch_alike(pristine, steps, inputs, seed, dtype, f"{label} frozen",
+                                         preserved, outcome, layout)
+        if verdict:
+            del outcome.failures[failed:]
+            setattr(outcome, verdict, getattr(outcome, verdict) + 1)
+    return not (stop_early and outcome.failures)
 
 
 def _frozen_by_torch_alike(model, steps, inputs, seed, dtype, what: str, preserved,
-                           outcome: Outcome) -> Optional[str]:
+                           outcome: Outcome, layout: str = "auto") -> Optional[str]:
     """For a frozen mode whose optimized module differed from the original:
     "frozen_alike" if torch's own freezing of the original (freeze_module,
     as optimize(freeze=True) freezes) changes its meaning and the optimized
@@ -641,7 +715,9 @@ def _frozen_by_torch_alike(model, steps, inputs, seed, dtype, what: str, preserv
     equal to another constant, which constants end up one tensor decides
     what the update changes (program 9491).  Each module comes fresh from
     `model` (frozen graphs hold the constants that their steps write), and
-    the steps are judged as any mode's are."""
+    the steps are judged as any mode's are (with layout="channels_last",
+    the optimized module's so, and its outputs' strides against torch's
+    frozen original's)."""
     def script():
         return torch.jit.script(copy.deepcopy(model))
 
@@ -657,10 +733,10 @@ def _frozen_by_torch_alike(model, steps, inputs, seed, dtype, what: str, preserv
         if not differs.failures:
             return None
         alike = Outcome(exact=outcome.frozen_exact)
-        opt = _optimize(script(), True, preserved)
+        opt = _optimize(script(), True, preserved, *([layout] if layout != "auto" else []))
         trains = _trains_batch_norm(own) or _trains_batch_norm(opt)
         _run_steps(torch_frozen(), opt, steps, inputs, seed, dtype, False,
-                   f"{what} against torch's own frozen original", False, alike)
+                   f"{what} against torch's own frozen original", False, alike, strides=layout != "auto")
     except Exception:  # noqa: BLE001  (no reference to excuse anything)
         return None
     if not alike.failures:

@@ -367,10 +367,67 @@ class Generator:
             forms = forms[:3]
         return self.define(self.pick(forms).format(x=x.name), x.shape, [x], x.contiguous)
 
-    def add(self, y: Var, fresh: bool, alpha_ok: bool = True) -> Var:
+    def activation(self, x: Var, fresh: bool) -> Var:
+        """An activation conv_add_act fuses, in its spellings (functional,
+        method, module, in place); in-place forms write `x` (on a value not
+        fresh, a near-miss).  Near-misses: hardtanh bounds and leaky_relu
+        slopes read from float attributes (constants only once frozen) or
+        computed from a tensor; gelu's approximate from an attribute."""
+        r = self.rng.random()
+        if r < 0.2:
+            return self.relu(x, fresh)
+        inplace = fresh or self.chance(0.4)
+        kw = ", inplace=True" if inplace and self.chance(0.4) else ""
+        if r < 0.38:  # relu6 and hardtanh
+            lo, hi = ("0.0", "6.0") if self.chance(0.5) else (self.pick(["-1.0", "-0.5", "-2.0", "0.0"]),
+                                                              self.pick(["1.0", "0.5", "2.0"]))
+            if not self.clean and self.chance(0.25):
+                if self.chance(0.6):
+                    attr = "self." + self.attr("k", "self.{name} = %s" % lo)
+                    lo = attr
+                else:
+                    hi = "float(%s.abs().mean()) + 0.5" % x.name  # also a second use of x
+            forms = [f"F.hardtanh({{x}}, {lo}, {hi}{kw})", f"F.hardtanh({{x}}, {lo}, {hi})"]
+            if (lo, hi) == ("0.0", "6.0"):
+                forms += [f"F.relu6({{x}}{kw})", f"F.relu6({{x}})"]
+            if self.chance(0.15) and not lo.startswith("self.") and not hi.startswith("float("):
+                m = self.attr("act", "self.{name} = nn.Hardtanh(%s, %s, inplace=%s)" % (lo, hi, bool(kw)))
+                if (lo, hi) == ("0.0", "6.0") and self.chance(0.5):
+                    m = self.attr("act", "self.{name} = nn.ReLU6(inplace=%s)" % bool(kw))
+                forms = ["self.%s({x})" % m]
+        elif r < 0.5:
+            forms = ["F.silu({x})", f"F.silu({{x}}{kw})", "self.%s({x})"
+                     % self.attr("act", "self.{name} = nn.SiLU(inplace=%s)" % bool(kw))]
+        elif r < 0.6:
+            forms = ["F.hardswish({x})", f"F.hardswish({{x}}{kw})"]
+        elif r < 0.7:
+            forms = ["F.hardsigmoid({x})", f"F.hardsigmoid({{x}}{kw})"]
+        elif r < 0.8:
+            forms = ["torch.sigmoid({x})", "{x}.sigmoid()"] + (["{x}.sigmoid_()"] if inplace else [])
+        elif r < 0.9:
+            forms = ["F.gelu({x})", "F.gelu({x}, approximate='tanh')", "F.gelu({x}, approximate='none')"]
+            if self.chance(0.15):
+                forms = ["self.%s({x})" % self.attr("act", "self.{name} = nn.GELU(approximate=%r)"
+                                                     % self.pick(["none", "tanh"]))]
+            elif not self.clean and self.chance(0.15):
+                a = self.attr("k", "self.{name} = %r" % self.pick(["none", "tanh"]))
+                forms = ["F.gelu({x}, approximate=self.%s)" % a]
+        else:
+            slope = self.pick(["0.01", "0.2", "0.1", "1.5", "-0.5"])
+            if not self.clean and self.chance(0.25):
+                slope = "self." + self.attr("k", "self.{name} = %s" % slope)
+            forms = ["F.leaky_relu({x})", f"F.leaky_relu({{x}}, {slope})", f"F.leaky_relu({{x}}, {slope}{kw})"]
+            if self.chance(0.15) and not slope.startswith("self."):
+                forms = ["self.%s({x})" % self.attr("act", "self.{name} = nn.LeakyReLU(%s, inplace=%s)"
+                                                     % (slope, bool(kw)))]
+        text = self.pick(forms).format(x=x.name)
+        return self.define(text, x.shape, [x], x.contiguous)
+
+    def add(self, y: Var, fresh: bool, alpha_ok: bool = True, residual: Optional[Var] = None) -> Var:
         """y + other in its spellings and operand orders, and near-misses
-        (scalar add, sub, alpha on either operand, other.add_(y))."""
-        other, ov = self.other_for(y.shape, avoid=[y.name])
+        (scalar add, sub, alpha on either operand, other.add_(y));
+        `residual`, if given, is `other`."""
+        other, ov = (residual.name, residual) if residual is not None else self.other_for(y.shape, avoid=[y.name])
         r = self.rng.random() * (0.75 if self.clean else 1.0)
         if self.clean and r >= 0.55 and r < 0.62:
             r = 0.5  # other.add(y, alpha) is fused only with alpha 1
@@ -449,6 +506,28 @@ class Generator:
             self.maybe_interfere([x.name])
             self.extra_use(r)
             return self.add(r, fresh=True)
+
+        return self.chain(build, lambda v: len(v.shape) in (3, 4))
+
+    def chain_conv_add_act(self) -> Optional[Var]:
+        """conv_add_act's forms: conv -> add -> act (a residual: the conv's
+        input itself where shapes allow, as resnet's `out += identity`),
+        conv -> act, conv -> add, and a conv alone (nothing to fuse)."""
+        def build(x):
+            c = self.conv(x, same_shape=self.chance(0.6))
+            r = self.rng.random()
+            if r < 0.06:
+                return c
+            self.extra_use(c)
+            out = c
+            if r < 0.78:
+                self.maybe_interfere([x.name])
+                residual = x if x.shape == c.shape and self.chance(0.5) else None
+                out = self.add(c, fresh=True, residual=residual)
+                self.extra_use(out)
+            if r >= 0.6 or self.chance(0.8):
+                out = self.activation(out, fresh=True)
+            return out
 
         return self.chain(build, lambda v: len(v.shape) in (3, 4))
 
@@ -611,6 +690,7 @@ class Generator:
             (self.chain_linear, 5),
             (self.chain_conv, 5),
             (self.chain_batch_norm, 5),
+            (self.chain_conv_add_act, 6),
             (self.standalone_relu, 3),
             (self.elementwise, 3),
             (self.inplace, 1.5),

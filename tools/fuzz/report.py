@@ -7,7 +7,7 @@ import os
 import textwrap
 from typing import List, Optional, Sequence, Tuple
 
-from .modes import AFTER_SAVE_LOAD, MODES, OPS, Invalid, check_program
+from .modes import AFTER_SAVE_LOAD, CHANNELS_LAST, MODES, OPS, Invalid, check_program
 from .program import FEATURES, Program, generate
 from .shrink import shrink
 
@@ -77,6 +77,7 @@ class Summary:
     double_backward_original_wrong: int = 0
     shares: int = 0  # programs whose original shares a tensor between attributes
     exported: int = 0  # programs with an exported method
+    channels_last: int = 0  # programs whose frozen mode ran with layout="channels_last" too
     failures: List[Tuple[int, Program, List[str]]] = dataclasses.field(default_factory=list)
 
 
@@ -117,6 +118,7 @@ def run(programs: int, seed: int, start: int = 0, shrink_failures: bool = True,
         summary.double_backward_original_wrong += outcome.double_backward_original_wrong
         summary.shares += outcome.shares
         summary.exported += prog.export is not None
+        summary.channels_last += outcome.channels_last > 0
         if not outcome.failures:
             summary.passed += 1
             if verbose:
@@ -132,6 +134,8 @@ def run(programs: int, seed: int, start: int = 0, shrink_failures: bool = True,
             dtypes = ["float64", "float32"] if "float32" in first else ["float64"]
             shrink_modes = [m for m in modes if f" {m}" in first] or list(modes)
             require = AFTER_SAVE_LOAD if AFTER_SAVE_LOAD in first else ""
+            if f" {CHANNELS_LAST}" in first:
+                require = f" {CHANNELS_LAST}"  # NB: not into a failure of the plain frozen mode
             prog = shrink(prog, index, dtypes, shrink_modes, require=require)
         log(textwrap.indent(prog.source(), "    "))
         log(f"    inputs: {[list(s) for _, s in prog.live_inputs()]}, check seed {index}")
@@ -155,7 +159,8 @@ def print_summary(s: Summary, seed: int, start: int, programs: int, elapsed: flo
           f"original as torch's own module did after save/load, {s.round_trip_torch_differs} otherwise where torch's "
           f"own module differed too (not judged); {s.round_trip_skipped} modes not round-tripped "
           f"(torch cannot save/load the original)")
-    print(f"frozen: {s.frozen_alike} modes differed from the original as torch's own frozen original did "
+    print(f"frozen: {s.channels_last} programs also with layout='channels_last' (values and output strides); "
+          f"{s.frozen_alike} modes differed from the original as torch's own frozen original did "
           f"(freeze_module), {s.frozen_torch_differs} otherwise where torch's own frozen original with a training "
           f"batch_norm differed too (not judged)")
     print(f"programs with fused nodes: {s.fused_programs} of {s.passed + s.failed}")
