@@ -112,4 +112,8 @@ int64_t fuseChains(
       });
 }
 
+bool chainIsAddSelf(const Chain& chain, size_t k) {
+  return chain.operand.at(k) == 0;
+}
+
 } // namespace torchfuse::passes

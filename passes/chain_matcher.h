@@ -57,6 +57,13 @@ struct Chain {
   std::vector<Value*> externalInputs() const;
 };
 
+// The chain reaches link k as its first operand (add's `self`).
+// NB: the fused ops compute `chain + alpha * other` and return the chain's
+// layout; eager's `other + chain` takes its strides from `other` where the
+// two differ (a channels-last `other`, a permuted view), so only this order
+// keeps the output's strides, whatever alpha.
+bool chainIsAddSelf(const Chain& chain, size_t k);
+
 // Every way `links` (head first) match ending at `tail`: a binary link may
 // carry the chain on either listed operand, in the listed order.
 std::vector<Chain> matchChains(Node* tail, const std::vector<Link>& links);

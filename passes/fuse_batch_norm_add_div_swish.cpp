@@ -11,7 +11,8 @@
 //   (they differ where the incoming gradient is infinite).
 //
 // Matched: training a constant or a runtime bool; momentum and eps passed
-// through as values; bn as either add operand (alpha must be 1), out of
+// through as values; bn as add's first operand (chainIsAddSelf: `other + bn`
+// takes other's strides), alpha 1, out of
 // place (add_ keeps the BN output's dtype where the op promotes:
 // addPromotes); d an int/float (literal, constant or attribute).
 // Excluded: running stats None or Tensor? (the op's stats are not optional:
@@ -67,7 +68,7 @@ bool accept(const Chain& c, const AliasDb& db) {
   Value* rm = bn->input(3);
   Value* rv = bn->input(4);
   // runningStatsPresent: both running statistics are Tensors.
-  if (!alphaIsOne(add->input(2)) || !divisorIsNonZero(div->input(1)) ||
+  if (!chainIsAddSelf(c, 1) || !alphaIsOne(add->input(2)) || !divisorIsNonZero(div->input(1)) ||
       !isNonOptionalTensor(rm) || !isNonOptionalTensor(rv) ||
       !isOptionalTensorArg(bn->input(1)) || !isOptionalTensorArg(bn->input(2))) {
     return false;

@@ -10,12 +10,10 @@
 //   conv -> add/add_          projections (no activation)
 // conv is conv{1,2,3}d with int[] padding; add is add.Tensor: out of place
 // (promote=true: the result takes add's promoted dtype) or add_ into the
-// fresh conv output (promote=false: it keeps the conv output's dtype).  The
-// conv output may be either operand of add, the scaled one (second) only
-// with alpha == 1 (alphaIsOne).  act (isFusableActivation, in- or
-// out-of-place): relu, relu6 (hardtanh(0, 6)), hardtanh, silu, hardswish,
-// hardsigmoid, sigmoid, gelu, leaky_relu, with constant scalar arguments
-// (activationArgumentsAreConstant).
+// fresh conv output (promote=false: it keeps the conv output's dtype), with
+// the conv output as add's first operand (chainIsAddSelf), any alpha.  act (isFusableActivation,
+// in- or out-of-place): relu, relu6 (hardtanh(0, 6)), hardtanh, silu, hardswish, hardsigmoid,
+// sigmoid, gelu, leaky_relu, with constant scalar arguments (activationArgumentsAreConstant).
 // Excluded: a conv with nothing fused after it (no pass to save), add.Scalar
 // (`conv + 1.0`), conv*d.padding (padding='same'/'valid'), a batch_norm
 // between conv and the rest (BN in training, or unfrozen: not folded), and
@@ -37,14 +35,8 @@ namespace {
 constexpr const char* kOp = "torchfuse::custom_conv_add_act";
 
 const Link kConv = {[](const Node* n) { return isIntListConv(n); }, {}};
-const Link kAdd = {[](const Node* n) { return isTensorAdd(n); }, {0, 1}};
+const Link kAdd = {[](const Node* n) { return isTensorAdd(n); }, {0, 1}}; // chainIsAddSelf
 const Link kAct = {[](const Node* n) { return isFusableActivation(n); }, {0}};
-
-// The add's own predicate: the conv output sits where alpha does not scale
-// it, or alpha is 1.
-bool addAccepts(const Chain& c, size_t k) {
-  return c.operand[k] == 0 || alphaIsOne(c.nodes[k]->input(2));
-}
 
 // The op's inputs for a chain of conv, then `add` (index, or 0 for none),
 // then `act` (index, or 0 for none).
@@ -83,7 +75,7 @@ int64_t fuseForm(std::shared_ptr<torch::jit::Graph>& graph, size_t add, size_t a
   return fuseChains(
       graph, links, kOp,
       [&](const Chain& c, const AliasDb&) {
-        return (add == 0 || addAccepts(c, add)) &&
+        return (add == 0 || chainIsAddSelf(c, add)) &&
             (act == 0 || activationArgumentsAreConstant(c.nodes[act]));
       },
       [&](const Chain& c) { return opInputs(c, add, act); });

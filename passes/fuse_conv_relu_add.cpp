@@ -7,9 +7,9 @@
 //   conv1d / conv2d / conv3d with int[] padding (traced _convolution is
 //   turned into these by Canonicalize)
 //   add(r, other, alpha)     r = relu(conv): any int/float alpha
-//   add(other, r, 1)         r as the scaled operand: alpha == 1 only
 //   relu_                    only on the chain's fresh intermediate
-// Excluded: conv*d.padding (padding='same'/'valid', a str), `r + 1.0`
+// Excluded: `other + r` (chainIsAddSelf: the output would take other's
+// strides), conv*d.padding (padding='same'/'valid', a str), `r + 1.0`
 // (add.Scalar), add_ (it keeps r's dtype where the op promotes:
 // addPromotes), and chains whose intermediates have other uses.
 
@@ -21,7 +21,7 @@
 namespace torchfuse::passes {
 
 int64_t FuseConvReluAdd(std::shared_ptr<torch::jit::Graph>& graph) {
-  // conv -> relu -> add (either operand)
+  // conv -> relu -> add
   const std::vector<Link> links = {
       {[](const Node* n) { return isIntListConv(n); }, {}},
       {[](const Node* n) { return isRelu(n); }, {0}},
@@ -29,11 +29,7 @@ int64_t FuseConvReluAdd(std::shared_ptr<torch::jit::Graph>& graph) {
   };
   const int64_t fused = fuseChains(
       graph, links, "torchfuse::custom_conv_relu_add",
-      [](const Chain& c, const AliasDb&) {
-        // NB: alpha scales add's second operand: the relu output may sit
-        // there only when alpha == 1.
-        return c.operand[2] == 0 || alphaIsOne(c.nodes[2]->input(2));
-      },
+      [](const Chain& c, const AliasDb&) { return chainIsAddSelf(c, 2); },
       [](const Chain& c) {
         Node* conv = c.nodes[0];
         std::vector<Value*> inputs(conv->inputs().begin(), conv->inputs().end());

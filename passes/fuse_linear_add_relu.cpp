@@ -3,14 +3,13 @@
 //
 // Matched forms (after Inline + ConstantPropagation, any block):
 //   relu(add(lin, other, alpha))      any int/float alpha (it scales other)
-//   relu(add(other, lin, 1))          lin as the scaled operand: alpha == 1 only
 //   relu_                             only on the chain's fresh intermediate
 //   bias None, a Tensor or a Tensor?
-// Excluded: `lin + 1.0` (add.Scalar), add_ in either form (it keeps
-// self's dtype where the op promotes: addPromotes), `other + alpha * lin`
-// with alpha != 1, and any chain whose intermediate has another use
-// (returned intermediates included), and chains whose input may be
-// written after them (notWrittenAfter).
+// Excluded: `other + lin` (chainIsAddSelf: the output would take other's
+// strides), `lin + 1.0` (add.Scalar), add_ in either form (it keeps
+// self's dtype where the op promotes: addPromotes), and any chain whose intermediate has another
+// use (returned intermediates included), and chains whose input may be written after them
+// (notWrittenAfter).
 
 #include <torch/csrc/jit/jit_log.h>
 
@@ -29,14 +28,11 @@ int64_t FuseLinearAddRelu(std::shared_ptr<torch::jit::Graph>& graph) {
   const int64_t fused = fuseChains(
       graph, links, "torchfuse::custom_linear_add_relu",
       [](const Chain& c, const AliasDb& db) {
-        // NB: alpha scales add's second operand; with the linear output
-        // there, the op (which scales `other`) computes something else
-        // unless alpha == 1.  The op saves its input for the backward;
+        // NB: the op saves its input for the backward;
         // aten::linear saves a copy of a non-contiguous input of more than
         // two dimensions (matmul's reshape), so a write to the input after
         // the chain leaves the unfused chain's backward alone.
-        return (c.operand[1] == 0 || alphaIsOne(c.nodes[1]->input(2))) &&
-            notWrittenAfter(db, c.nodes[0], {c.nodes[0]->input(0)});
+        return chainIsAddSelf(c, 1) && notWrittenAfter(db, c.nodes[0], {c.nodes[0]->input(0)});
       },
       [](const Chain& c) -> std::vector<Value*> {
         Node* linear = c.nodes[0];

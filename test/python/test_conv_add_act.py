@@ -174,6 +174,8 @@ class Block(nn.Module):
         if self.form == "add_":
             out += x
         elif self.form == "add":
+            out = out + x
+        elif self.form == "residual_first":
             out = x + out
         return self.act(out)
 
@@ -203,6 +205,23 @@ def test_scripted_frozen_optimized_modules(form, act):
         ref = Block(form, MODULE_ACTS[act]).double().eval()
         ref.load_state_dict(model.state_dict())
         torch.testing.assert_close(opt(x).double(), ref(x.double()), rtol=1e-4, atol=1e-5)
+
+
+def test_residual_as_the_first_operand_stays_unfused_and_keeps_its_strides():
+    """chainIsAddSelf: `x + conv` takes x's strides where the two layouts
+    differ; the op, which returns the conv output's layout, was given it."""
+    torch.manual_seed(5)
+    model = Block("residual_first", nn.ReLU()).eval()
+    opt = torchfuse.optimize(torch.jit.script(model), freeze=True)
+    FileCheck().check("aten::add").run(opt.graph)
+    assert torchfuse.report(opt)["conv_add_act"] == 0
+    # NB: x channels-last, the conv output contiguous (NCHW weight, layout
+    # kept on the CPU): eager's add follows x.
+    x = signed(2, 4, 6, 6).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        want, got = model(x), opt(x)
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got, want)
 
 
 def test_batch_norm_in_training_stays_unfused():

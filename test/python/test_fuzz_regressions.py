@@ -169,15 +169,13 @@ CASES = [
         return v3.relu()
 """),
     # The frozen mode's channels_last variant with channels-last inputs
-    # (seed 20261125 program 220, check seed 220 draws it; shrunk by hand
-    # from the shrinker's result): `p8 + conv6(v1)` becomes
-    # custom_conv_add_act(..., other=p8), which adds as at::add(conv, other)
-    # whatever the original's operand order.  TensorIterator takes the
-    # output's layout from the first operand where they disagree: the
-    # original returns the contiguous p8's layout (27, 9, 3, 1), the fused
-    # op the channels-last conv output's (27, 1, 9, 3).  Values are equal;
-    # optimize(m) and layout="keep" give the same strides (the op, not the
-    # layout pass, which only the channels_last variant checks).
+    # (seed 20261125 program 220, shrunk): `p8 + conv6(v1)` was fused into
+    # custom_conv_add_act(..., other=p8), which adds conv + other.
+    # TensorIterator takes the output's layout from the first operand where
+    # they disagree: the original returns p8's layout (27, 9, 3, 1), the
+    # fused op gave the channels-last conv output's (27, 1, 9, 3).  The add
+    # chains now fuse only with the chain as add's first operand
+    # (chainIsAddSelf).
     case("conv_add_act_second_operand_takes_the_conv_layout", [[3, 3, 5, 5]], 220, {}, """\
         self.conv0 = nn.Conv2d(3, 3, 3, stride=1, padding=1, dilation=1, groups=1, bias=True)
         self.conv6 = nn.Conv2d(3, 3, 3, stride=1, padding=0, dilation=1, groups=3, bias=False)
@@ -187,14 +185,12 @@ CASES = [
         v7 = self.conv6(v1)
         v9 = self.p8 + v7
         return v9
-""", marks=pytest.mark.xfail(strict=True, reason="custom_conv_add_act adds conv + other whatever the original's "
-                                                  "operand order: with `other + conv` of other layouts, the "
-                                                  "output's strides follow the conv output, not other's")),
+"""),
     # The same variant (seed 0 program 141, shrunk): v17 is a transposed
     # view of a conv output that is channels-last because the input is;
-    # `v17 + fc18(v17)` then relu becomes custom_linear_add_relu, whose
+    # `v17 + fc18(v17)` then relu became custom_linear_add_relu, whose
     # output is contiguous (32, 16, 4, 1) where the original's add follows
-    # v17's strides (8, 1, 24, 2).  Values are equal.
+    # v17's strides (8, 1, 24, 2); left unfused now (chainIsAddSelf).
     case("linear_add_relu_output_ignores_other_strides", [[4, 3, 4, 5]], 141, {}, """\
         self.conv9 = nn.Conv2d(3, 2, 2, stride=1, padding=0, dilation=1, groups=1, bias=True)
         self.fc18 = nn.Linear(4, 4, bias=True)
@@ -205,8 +201,7 @@ CASES = [
         v20 = v17 + v19
         v21 = F.relu(v20, inplace=True)
         return v21
-""", marks=pytest.mark.xfail(strict=True, reason="custom_linear_add_relu's output is contiguous where the "
-                                                  "original's add takes other's (non-contiguous) strides")),
+"""),
 ]
 
 test_optimize_keeps_meaning = keeps_meaning_test(CASES)

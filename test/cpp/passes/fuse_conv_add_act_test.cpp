@@ -40,7 +40,6 @@ const Variant kVariants[] = {
     {"FusesInPlaceAddAndActivation",
      true,
      {{"aten::add(", "aten::add_("}, {"aten::hardtanh(", "aten::hardtanh_("}}},
-    {"FusesConvAsSecondOperandWhenAlphaIsOne", true, {{"add(%c, %other", "add(%other, %c"}}},
     {"FusesAlphaScalingOther", true, {{"add(%c, %other, %one)", "add(%c, %other, %two)"}}},
     {"FusesConvActivation", true, {{kAdd, ""}, {"hardtanh(%a", "hardtanh(%c"}}},
     {"FusesConvAdd", true, {{kAct, ""}, {"return (%o)", "return (%a)"}}},
@@ -53,9 +52,9 @@ const Variant kVariants[] = {
      {{"%l : int[]", "%t : str = prim::Constant[value=\"tanh\"]()\n  %l : int[]"},
       {"aten::hardtanh(%a, %lo, %hi)", "aten::gelu(%a, %t)"}}},
     {"LeavesAConvAlone", false, {{kAdd, ""}, {kAct, ""}, {"return (%o)", "return (%c)"}}},
-    {"SkipsWhenAlphaScalesTheConvOutput", // alphaIsOne (the add's operand order)
+    {"SkipsConvAsSecondOperand", // chainIsAddSelf
      false,
-     {{kAct, ""}, {"add(%c, %other, %one)", "add(%other, %c, %two)"}, {"(%o)", "(%a)"}}},
+     {{kAct, ""}, {"add(%c, %other, %one)", "add(%other, %c, %one)"}, {"(%o)", "(%a)"}}},
     {"SkipsNonConstantActivationArguments", // activationArgumentsAreConstant
      false,
      {{kAdd, ""},

@@ -40,7 +40,6 @@ const char* const kConstants =
 // chain() and its variants; a negative one names the filter it tests.
 const Variant kVariants[] = {
     {"FusesConv2d", true, {}},
-    {"FusesReluAsSecondOperandWhenAlphaIsOne", true, {{"add(%r, %other", "add(%other, %r"}}},
     {"FusesInPlaceReluOnAFreshIntermediate", true, {{"relu(", "relu_("}}},
     // addPromotes: add_ keeps the relu output's dtype, the op promotes.
     {"LeavesInPlaceAddOnAFreshIntermediate", false, {{"add(", "add_("}}},
@@ -53,9 +52,9 @@ const Variant kVariants[] = {
      {{", %other : Tensor", ""},
       {kConstants, "  %f : float = prim::Constant[value=0.5]()\n"},
       {"%r, %other", "%r, %f"}}},
-    {"SkipsWhenAlphaScalesTheReluOutput", // alphaIsOne
+    {"SkipsReluAsSecondOperand", // chainIsAddSelf
      false,
-     {{"add(%r, %other, %one)", "add(%other, %r, %two)"}}},
+     {{"add(%r, %other", "add(%other, %r"}}},
     {"LeavesInPlaceAddOnLiveTensor",
      false,
      {{"add(%r, %other", "add_(%other, %r"}}}, // notInPlaceOnLiveTensor
