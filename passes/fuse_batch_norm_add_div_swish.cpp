@@ -69,8 +69,8 @@ bool accept(const Chain& c, const AliasDb& db) {
   Value* rv = bn->input(4);
   // runningStatsPresent: both running statistics are Tensors.
   if (!chainIsAddSelf(c, 1) || !alphaIsOne(add->input(2)) || !divisorIsNonZero(div->input(1)) ||
-      !isNonOptionalTensor(rm) || !isNonOptionalTensor(rv) ||
-      !isOptionalTensorArg(bn->input(1)) || !isOptionalTensorArg(bn->input(2))) {
+      !isNonOptionalTensor(rm) || !isNonOptionalTensor(rv) || !isOptionalTensorArg(bn->input(1)) ||
+      !isOptionalTensorArg(bn->input(2))) {
     return false;
   }
   // NB: the op saves `other` and the BN bias to recompute t in its

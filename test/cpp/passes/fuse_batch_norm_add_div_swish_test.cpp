@@ -48,7 +48,9 @@ void expectFused(
 // ir(Chain{}) and its variants; a negative one names the filter it tests.
 const Variant kVariants[] = {
     {"FusesTrainingFlagAsValue", true, {}},
-    {"SkipsBatchNormAsSecondOperand", false, {{"add(%y, %other", "add(%other, %y"}}}, // chainIsAddSelf
+    {"SkipsBatchNormAsSecondOperand",
+     false,
+     {{"add(%y, %other", "add(%other, %y"}}}, // chainIsAddSelf
     // addPromotes: add_ keeps the batch_norm output's dtype, the op promotes.
     {"LeavesInPlaceAddOnTheBatchNormOutput", false, {{"add(", "add_("}}},
     {"SkipsNoneRunningStats",
