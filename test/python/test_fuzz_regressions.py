@@ -116,7 +116,10 @@ CASES = [
     # autograd through `t * sigmoid(t)` sums g*s + ((g*t)*(1-s))*s, NaN
     # (inf - inf) where t < 0, while the fused op took silu's one product,
     # +-inf, and the BN weight and bias gradients differed (seed 11 program
-    # 356).  The pass now tells the op which spelling it replaced.
+    # 356).  The pass now tells the op which spelling it replaced.  (The
+    # program read `v6 + v11`; with the BN output as add's second operand
+    # the chain is no longer fused (chainIsAddSelf), so it reads
+    # `v11 + v6` here.)
     case("swish_product_with_infinite_gradient", [[3, 5]], 356, {"batch_norm_add_div_swish": 4, "relu": 4}, """\
         self.register_buffer("rm", torch.zeros(5))
         self.register_buffer("rv", torch.ones(5))
@@ -125,7 +128,7 @@ CASES = [
     def forward(self, x0):
         v6 = torch.relu(x0)
         v11 = F.batch_norm(v6, self.rm, self.rv, self.w, self.b, self.training, 0.3, 1e-05)
-        v14 = (v6 + v11) / 2.5
+        v14 = (v11 + v6) / 2.5
         v15 = v14 * torch.sigmoid(v14)
         return v15 / v6
 """),
