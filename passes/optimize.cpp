@@ -232,6 +232,15 @@ void forEachMethod(
   }
 }
 
+// NB: torch.jit.save pools equal tensor constants across a module's
+// methods, strides aside: a weight stored channels-last in forward and NCHW
+// in another kept method would come back in one layout for both.  The
+// layout pass runs only where forward is the one method.
+bool onlyForwardIsKept(const torch::jit::Module& module) {
+  const auto methods = module.get_methods();
+  return methods.size() == 1 && methods[0].name() == "forward";
+}
+
 } // namespace
 
 const std::vector<std::string>& passNames() {
@@ -352,9 +361,9 @@ torch::jit::Module optimize(
     passes::SharedSlotsScope shared(sharedSlots(result));
     counts = fuseGraph(graph, options.passes);
   }
-  if (options.freeze && options.layout != Layout::Keep) {
-    // NB: after the fusions, which match the conv chains it then treats as
-    // convolutions.
+  // NB: after the fusions, which match the conv chains it then treats as
+  // convolutions.
+  if (options.freeze && options.layout != Layout::Keep && onlyForwardIsKept(result)) {
     passes::ConvertToChannelsLast(graph, options.layout == Layout::ChannelsLast);
   }
   torch::jit::EliminateDeadCode(graph);

@@ -5,6 +5,7 @@ for NCHW, channels-last, ambiguous (C = 1, or a batch of one) and sliced
 inputs.  CPU runs force the conversion (layout="channels_last"); the CUDA
 tests check the cost model's own decision (layout="auto")."""
 
+import io
 import os
 import subprocess
 from pathlib import Path
@@ -303,3 +304,44 @@ def test_restore_layout_op_opcheck_meta_and_autograd():
 def test_restore_layout_op_error_names_the_argument():
     with pytest.raises(RuntimeError, match="custom_restore_layout"):
         torch.ops.torchfuse.custom_restore_layout(None, torch.randn(1))
+
+
+# ---- torch.jit.save pools equal tensor constants, strides aside -----------
+
+
+def _reloaded(module):
+    buffer = io.BytesIO()
+    torch.jit.save(module, buffer)
+    buffer.seek(0)
+    return torch.jit.load(buffer)
+
+
+class WithExportedMethod(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv0 = nn.Conv2d(3, 4, 2, padding=2)
+        self.conv1 = nn.Conv2d(3, 3, 1)
+
+    def forward(self, x):
+        return self.conv0(x)
+
+    @torch.jit.export
+    def exported(self, x):
+        return self.conv0(self.conv1(x))
+
+
+def test_a_kept_method_leaves_the_layout_alone():
+    """With `exported` kept, forward's conv0 weight went channels-last while
+    exported's stayed NCHW; torch.jit.save pooled the two equal constants,
+    and the reloaded exported() returned channels-last strides (fuzz seed
+    20261127 program 499)."""
+    torch.manual_seed(0)
+    model = WithExportedMethod().eval()
+    opt = _reloaded(torchfuse.optimize(torch.jit.script(model), freeze=True, layout="channels_last",
+                                       preserved_attrs=["exported"]))
+    x = torch.randn(4, 3, 5, 4)
+    with torch.no_grad():
+        for name in ("forward", "exported"):
+            want, got = getattr(model, name)(x), getattr(opt, name)(x)
+            assert got.stride() == want.stride(), name
+            torch.testing.assert_close(got, want)
