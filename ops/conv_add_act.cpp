@@ -13,6 +13,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <utility>
 
@@ -95,9 +96,17 @@ constexpr std::array<ActivationName, 10> kActivations = {{
 }};
 } // namespace
 
+bool activatesInPlace(c10::string_view activation) {
+  return activation.size() > 1 && activation.back() == '_';
+}
+
 kernels::Activation parseActivation(
-    c10::string_view activation,
+    c10::string_view activation_spelling,
     at::ArrayRef<double> activation_args) {
+  auto activation = activation_spelling;
+  if (activatesInPlace(activation)) {
+    activation.remove_suffix(1);
+  }
   for (const auto& known : kActivations) {
     if (activation == known.name) {
       TORCH_CHECK(
@@ -116,8 +125,9 @@ kernels::Activation parseActivation(
   TORCH_CHECK(
       false, kOp,
       ": expected activation to be one of none, relu, hardtanh, silu, hardswish, "
-      "hardsigmoid, sigmoid, gelu, gelu_tanh, leaky_relu, got '",
-      std::string(activation), "'");
+      "hardsigmoid, sigmoid, gelu, gelu_tanh, leaky_relu (a trailing '_' for the "
+      "in-place spelling), got '",
+      std::string(activation_spelling), "'");
 }
 
 at::Tensor otherOf(const ConvAddActArgs& a) {
@@ -150,7 +160,10 @@ bool convAddActHandles(const ConvAddActArgs& a) {
 
 namespace {
 // The activation as ATen's own op (its values, errors and derivatives).
-at::Tensor activate(const at::Tensor& t, c10::string_view name, at::ArrayRef<double> args) {
+at::Tensor activateOutOfPlace(
+    const at::Tensor& t,
+    c10::string_view name,
+    at::ArrayRef<double> args) {
   switch (parseActivation(name, args).kind) {
     case ActivationKind::kNone:
       return t;
@@ -175,14 +188,51 @@ at::Tensor activate(const at::Tensor& t, c10::string_view name, at::ArrayRef<dou
   }
   return t;
 }
+
+// The in-place spelling: the same values into `t` (a fresh conv output).
+at::Tensor activateInPlace(at::Tensor& t, c10::string_view name, at::ArrayRef<double> args) {
+  switch (parseActivation(name, args).kind) {
+    case ActivationKind::kNone:
+      return t;
+    case ActivationKind::kRelu:
+      return t.relu_();
+    case ActivationKind::kHardtanh:
+      return at::hardtanh_(t, args[0], args[1]);
+    case ActivationKind::kSilu:
+      return at::silu_(t);
+    case ActivationKind::kHardswish:
+      return at::hardswish_(t);
+    case ActivationKind::kHardsigmoid:
+      return at::hardsigmoid_(t);
+    case ActivationKind::kSigmoid:
+      return t.sigmoid_();
+    case ActivationKind::kGelu:
+      return at::gelu_(t, "none");
+    case ActivationKind::kGeluTanh:
+      return at::gelu_(t, "tanh");
+    case ActivationKind::kLeakyRelu:
+      return at::leaky_relu_(t, args[0]);
+  }
+  return t;
+}
 } // namespace
+
+bool outOfPlaceOverAmbiguousLayout(const ConvAddActArgs& a, at::IntArrayRef conv_sizes) {
+  const bool activation =
+      parseActivation(a.activation, a.activation_args).kind != ActivationKind::kNone;
+  const bool out_of_place =
+      activation ? !activatesInPlace(a.activation) : otherOf(a).defined() && a.promote;
+  return out_of_place &&
+      std::any_of(conv_sizes.begin() + 1, conv_sizes.end(), [](int64_t s) { return s == 1; });
+}
 
 at::Tensor convAddActEpilogueComposite(at::Tensor conv, const ConvAddActArgs& a) {
   const auto other = otherOf(a);
   if (other.defined()) {
     conv = a.promote ? at::add(conv, other, a.alpha) : conv.add_(other, a.alpha);
   }
-  return activate(conv, a.activation, a.activation_args);
+  return activatesInPlace(a.activation) ? activateInPlace(conv, a.activation, a.activation_args)
+                                        : activateOutOfPlace(conv, a.activation, a.activation_args);
 }
 
 at::Tensor convAddActComposite(const ConvAddActArgs& a) {

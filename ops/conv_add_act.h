@@ -56,9 +56,22 @@ void registerConvAddAct(torch::Library& m) {
 
 // The activation named by `activation` with `activation_args`; raises,
 // naming the argument, for an unknown name or a wrong number of arguments.
+// A trailing '_' ("relu_") names the in-place spelling (activatesInPlace).
 kernels::Activation parseActivation(
     c10::string_view activation,
     at::ArrayRef<double> activation_args);
+
+// Whether `activation` names the in-place spelling ("relu_").  NB: the values
+// are the same; the output's strides are not where the conv output's layout
+// is ambiguous (size-1 dimensions): an in-place activation keeps the conv
+// output's, an out-of-place one takes TensorIterator's.
+bool activatesInPlace(c10::string_view activation);
+
+// Whether eager's chain ends in an out-of-place op (the activation, or an
+// out-of-place add with no activation or an in-place one) over a conv output
+// `conv_sizes` with a size-1 dimension: that op picks the strides of the
+// ambiguous dimensions itself, which only ATen's own op reproduces.
+bool outOfPlaceOverAmbiguousLayout(const ConvAddActArgs& a, at::IntArrayRef conv_sizes);
 
 // `other` when present (defined), else undefined.
 at::Tensor otherOf(const ConvAddActArgs& a);

@@ -29,8 +29,7 @@ bool isFunctionalizableInPlaceOp(Node* n) {
   return n->kind() == c10::Symbol::aten("relu_");
 }
 
-// Marks the relus Canonicalize made from relu_, until RestoreInPlace.
-const c10::Symbol kFromInPlace = c10::Symbol::attr("torchfuse_from_inplace");
+const c10::Symbol kFromInPlace = fromInPlaceAttr();
 
 void collectRelus(torch::jit::Block* block, std::unordered_set<Node*>& out) {
   for (auto* n : block->nodes()) {

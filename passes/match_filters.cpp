@@ -158,12 +158,20 @@ bool activationArgumentsAreConstant(const Node* n) {
   return activationSpec(n).has_value();
 }
 
+c10::Symbol fromInPlaceAttr() {
+  return c10::Symbol::attr("torchfuse_from_inplace");
+}
+
 std::optional<ActivationSpec> activationSpec(const Node* n) {
   const auto* a = fusableActivation(n);
   if (a == nullptr) {
     return std::nullopt;
   }
   ActivationSpec spec{std::string(a->op), {}};
+  // NB: "relu_": the op keeps the conv output's strides as the in-place
+  // spelling does (they differ where the layout is ambiguous).
+  const std::string_view kind = n->kind().toUnqualString();
+  const bool in_place = (!kind.empty() && kind.back() == '_') || n->hasAttribute(fromInPlaceAttr());
   if (a->schema == "aten::relu6") {
     spec.args = {0.0, 6.0};
   } else if (a->schema == "aten::gelu") {
@@ -184,6 +192,9 @@ std::optional<ActivationSpec> activationSpec(const Node* n) {
       }
       spec.args.push_back(*v);
     }
+  }
+  if (in_place) {
+    spec.name += '_';
   }
   return spec;
 }

@@ -63,8 +63,13 @@ bool isFusableActivation(const Node* n);
 // leaky_relu's slope (int or float), gelu's approximate ('none' or 'tanh').
 // A runtime value (an unfrozen module attribute) leaves the chain alone.
 bool activationArgumentsAreConstant(const Node* n);
+// The attribute Canonicalize puts on the relus it made from relu_, until
+// RestoreInPlace.
+c10::Symbol fromInPlaceAttr();
+
 // custom_conv_add_act's `activation` and `activation_args` for a node that
-// passes both predicates above (relu6 is hardtanh(0, 6)).
+// passes both predicates above (relu6 is hardtanh(0, 6)); the name ends in
+// '_' for an in-place spelling (relu_, or a relu Canonicalize made from one).
 struct ActivationSpec {
   std::string name;
   std::vector<double> args;

@@ -5,8 +5,10 @@
 // spends up to three passes, each rounding.  An nchw output and a
 // channels-last one each take one streaming pass.  `other` joins the pass
 // only with the output's exact sizes, strides and dtype (the residual of a
-// network in one layout); any other `other`, and outputs in neither layout,
-// take the composite's pointwise part on the convolution already computed.
+// network in one layout); any other `other`, outputs in neither layout, and
+// an out-of-place last op over an output with size-1 dimensions (whose
+// strides that op picks) take the composite's pointwise part on the
+// convolution already computed.
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -45,7 +47,7 @@ at::Tensor convAddActCuda(const ConvAddActArgs& a) {
   const auto other = otherOf(a);
   const bool nchw = out.is_contiguous();
   const bool fast = out.numel() > 0 && (nchw || isChannelsLast(out)) &&
-      (!other.defined() || fusesOther(other, out));
+      (!other.defined() || fusesOther(other, out)) && !outOfPlaceOverAmbiguousLayout(a, sizes);
   if (!fast) {
     // NB: the bias in place, as eager's cuDNN convolution adds it, then the
     // composite's pointwise part: never the convolution again.

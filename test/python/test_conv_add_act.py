@@ -292,3 +292,26 @@ def test_cuda_nan_inf_and_empty():
         torch.testing.assert_close(got, want, equal_nan=True, msg=act)
     empty = op(x[:0], w, b, [1], [0], [1], 1, None, 1, True, "relu", [])
     assert empty.shape == (0, 3, 4, 4)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA_ONLY)])
+@pytest.mark.parametrize("act", ["relu", "hardtanh", "silu", "leaky_relu"])
+def test_in_place_spelling_keeps_the_strides_of_each_spelling(act, device):
+    """A [3, 2, 1, 1] conv output from a channels-last input has ambiguous
+    strides: eager's in-place activation keeps the conv output's (2, 1, 2, 2),
+    its out-of-place one gives TensorIterator's (2, 1, 1, 1).  The op gives
+    each spelling's ("relu_" the in-place one); the values are the same."""
+    torch.manual_seed(3)
+    x = signed(3, 2, 4, 4).to(device).contiguous(memory_format=torch.channels_last)
+    w, b = signed(2, 2, 3, 3).to(device), signed(2).to(device)
+    args = {"hardtanh": [-0.5, 0.5], "leaky_relu": [0.2]}.get(act, [])
+    conv = F.conv2d(x, w, b, 2)
+    fn = {"relu": F.relu, "hardtanh": F.hardtanh, "silu": F.silu, "leaky_relu": F.leaky_relu}[act]
+    eager = (fn(conv, *args), fn(conv.clone(), *args, inplace=True))
+    if act == "relu":
+        assert eager[0].stride() != eager[1].stride()  # the case is ambiguous
+    for spelling, want in zip((act, act + "_"), eager):
+        got = torch.ops.torchfuse.custom_conv_add_act(x, w, b, [2, 2], [0, 0], [1, 1], 1, None, 1, True,
+                                                       spelling, args)
+        assert got.stride() == want.stride(), spelling
+        torch.testing.assert_close(got, want)

@@ -205,15 +205,13 @@ CASES = [
         v21 = F.relu(v20, inplace=True)
         return v21
 """),
-    # Known gap (seed 20261127 program 2525): `relu_` of a conv output of
-    # shape [3, 2, 1, 1] from a channels-last input keeps the conv output's
-    # channels-last strides (2, 1, 2, 2) in eager; custom_conv_add_act's CPU
-    # kernel applies the activation out of place, whose output TensorIterator
-    # gives (2, 1, 1, 1) where the size-1 dimensions make the layout
-    # ambiguous (its CUDA kernel works in place: it matches this and differs
-    # for an out-of-place activation instead).  Values are equal; only the
-    # strides of size-1 dimensions differ.  The op does not know which
-    # spelling it replaced.
+    # Seed 20261127 program 2525 (and seed 20261128 programs 1008, 2394):
+    # `relu_` of a conv output of shape [3, 2, 1, 1] from a channels-last
+    # input keeps the conv output's channels-last strides (2, 1, 2, 2) in
+    # eager; custom_conv_add_act applied its activation out of place, whose
+    # output TensorIterator gives (2, 1, 1, 1) where the size-1 dimensions
+    # make the layout ambiguous.  The op now takes the in-place spelling
+    # ("relu_") and keeps the strides each spelling gives.
     case("conv_add_act_in_place_activation_strides_of_an_ambiguous_output", [[3, 2, 4, 4]], 2525, {}, """\
         self.p7 = nn.Parameter(torch.randn(2, 2, 3, 3))
         self.p8 = nn.Parameter(torch.randn(2))
@@ -222,8 +220,7 @@ CASES = [
         v11 = v9
         v12 = F.relu(v11, inplace=True)
         return v11
-""", marks=pytest.mark.xfail(strict=True, reason="custom_conv_add_act does not know whether the activation was "
-                                                  "in place: the strides of an ambiguous (size-1) output differ")),
+"""),
 ]
 
 test_optimize_keeps_meaning = keeps_meaning_test(CASES)
