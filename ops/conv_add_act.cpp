@@ -159,67 +159,42 @@ bool convAddActHandles(const ConvAddActArgs& a) {
 }
 
 namespace {
-// The activation as ATen's own op (its values, errors and derivatives).
-at::Tensor activateOutOfPlace(
-    const at::Tensor& t,
-    c10::string_view name,
-    at::ArrayRef<double> args) {
+// The activation as ATen's own op (its values, errors and derivatives), in
+// the spelling the chain had: in place on `t` (a fresh conv output) for
+// "relu_" and the like, else out of place.
+at::Tensor activate(at::Tensor& t, c10::string_view name, at::ArrayRef<double> args) {
+  const bool in_place = activatesInPlace(name);
   switch (parseActivation(name, args).kind) {
     case ActivationKind::kNone:
       return t;
     case ActivationKind::kRelu:
-      return at::relu(t);
+      return in_place ? t.relu_() : at::relu(t);
     case ActivationKind::kHardtanh:
-      return at::hardtanh(t, args[0], args[1]);
+      return in_place ? at::hardtanh_(t, args[0], args[1]) : at::hardtanh(t, args[0], args[1]);
     case ActivationKind::kSilu:
-      return at::silu(t);
+      return in_place ? at::silu_(t) : at::silu(t);
     case ActivationKind::kHardswish:
-      return at::hardswish(t);
+      return in_place ? at::hardswish_(t) : at::hardswish(t);
     case ActivationKind::kHardsigmoid:
-      return at::hardsigmoid(t);
+      return in_place ? at::hardsigmoid_(t) : at::hardsigmoid(t);
     case ActivationKind::kSigmoid:
-      return at::sigmoid(t);
+      return in_place ? t.sigmoid_() : at::sigmoid(t);
     case ActivationKind::kGelu:
-      return at::gelu(t, "none");
+      return in_place ? at::gelu_(t, "none") : at::gelu(t, "none");
     case ActivationKind::kGeluTanh:
-      return at::gelu(t, "tanh");
+      return in_place ? at::gelu_(t, "tanh") : at::gelu(t, "tanh");
     case ActivationKind::kLeakyRelu:
-      return at::leaky_relu(t, args[0]);
-  }
-  return t;
-}
-
-// The in-place spelling: the same values into `t` (a fresh conv output).
-at::Tensor activateInPlace(at::Tensor& t, c10::string_view name, at::ArrayRef<double> args) {
-  switch (parseActivation(name, args).kind) {
-    case ActivationKind::kNone:
-      return t;
-    case ActivationKind::kRelu:
-      return t.relu_();
-    case ActivationKind::kHardtanh:
-      return at::hardtanh_(t, args[0], args[1]);
-    case ActivationKind::kSilu:
-      return at::silu_(t);
-    case ActivationKind::kHardswish:
-      return at::hardswish_(t);
-    case ActivationKind::kHardsigmoid:
-      return at::hardsigmoid_(t);
-    case ActivationKind::kSigmoid:
-      return t.sigmoid_();
-    case ActivationKind::kGelu:
-      return at::gelu_(t, "none");
-    case ActivationKind::kGeluTanh:
-      return at::gelu_(t, "tanh");
-    case ActivationKind::kLeakyRelu:
-      return at::leaky_relu_(t, args[0]);
+      return in_place ? at::leaky_relu_(t, args[0]) : at::leaky_relu(t, args[0]);
   }
   return t;
 }
 } // namespace
 
-bool outOfPlaceOverAmbiguousLayout(const ConvAddActArgs& a, at::IntArrayRef conv_sizes) {
-  const bool activation =
-      parseActivation(a.activation, a.activation_args).kind != ActivationKind::kNone;
+bool outOfPlaceOverAmbiguousLayout(
+    const ConvAddActArgs& a,
+    const kernels::Activation& act,
+    at::IntArrayRef conv_sizes) {
+  const bool activation = act.kind != ActivationKind::kNone;
   const bool out_of_place =
       activation ? !activatesInPlace(a.activation) : otherOf(a).defined() && a.promote;
   return out_of_place &&
@@ -231,8 +206,7 @@ at::Tensor convAddActEpilogueComposite(at::Tensor conv, const ConvAddActArgs& a)
   if (other.defined()) {
     conv = a.promote ? at::add(conv, other, a.alpha) : conv.add_(other, a.alpha);
   }
-  return activatesInPlace(a.activation) ? activateInPlace(conv, a.activation, a.activation_args)
-                                        : activateOutOfPlace(conv, a.activation, a.activation_args);
+  return activate(conv, a.activation, a.activation_args);
 }
 
 at::Tensor convAddActComposite(const ConvAddActArgs& a) {

@@ -71,7 +71,11 @@ bool activatesInPlace(c10::string_view activation);
 // out-of-place add with no activation or an in-place one) over a conv output
 // `conv_sizes` with a size-1 dimension: that op picks the strides of the
 // ambiguous dimensions itself, which only ATen's own op reproduces.
-bool outOfPlaceOverAmbiguousLayout(const ConvAddActArgs& a, at::IntArrayRef conv_sizes);
+// `act` is parseActivation's result for `a`.
+bool outOfPlaceOverAmbiguousLayout(
+    const ConvAddActArgs& a,
+    const kernels::Activation& act,
+    at::IntArrayRef conv_sizes);
 
 // `other` when present (defined), else undefined.
 at::Tensor otherOf(const ConvAddActArgs& a);

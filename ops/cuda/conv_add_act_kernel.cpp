@@ -47,7 +47,7 @@ at::Tensor convAddActCuda(const ConvAddActArgs& a) {
   const auto other = otherOf(a);
   const bool nchw = out.is_contiguous();
   const bool fast = out.numel() > 0 && (nchw || isChannelsLast(out)) &&
-      (!other.defined() || fusesOther(other, out)) && !outOfPlaceOverAmbiguousLayout(a, sizes);
+      (!other.defined() || fusesOther(other, out)) && !outOfPlaceOverAmbiguousLayout(a, act, sizes);
   if (!fast) {
     // NB: the bias in place, as eager's cuDNN convolution adds it, then the
     // composite's pointwise part: never the convolution again.
