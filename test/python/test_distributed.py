@@ -6,8 +6,8 @@ models below, unoptimized and optimized (`torchfuse.optimize`), in float32
 and float64, with one backward per step ("sync") or two micro-batches of
 which the first runs under `no_sync` ("no_sync"), 3 SGD steps with momentum;
 then a checkpoint (the DDP module's and the optimizer's state_dict, through
-torch.save) is loaded into a fresh optimized DDP model which takes a 4th
-step.  This process computes the float64 references and compares.
+torch.save) is loaded into a fresh DDP model (gradient_as_bucket_view) which
+takes a 4th step.  This process computes the float64 references and compares.
 
 What DDP computes, hence the reference of each model:
 - DDP averages the ranks' gradients, so without BatchNorm a step equals one
@@ -209,8 +209,8 @@ def _ddp_step(ddp, opt, x, y, rank, micros, device, dtype):
     opt.step()
 
 
-def _new_ddp(module, device):
-    ddp = DDP(module, device_ids=[device.index] if device.type == "cuda" else None)
+def _new_ddp(module, device, **options):
+    ddp = DDP(module, device_ids=[device.index] if device.type == "cuda" else None, **options)
     # NB: DDP must register the module's own parameters (the tensors the
     # fused ops read), the tied weight once.
     assert [p is q for p, q in zip(ddp.parameters(), module.parameters())] == [True] * len(
@@ -257,7 +257,8 @@ def _worker(rank, backend, store, out_dir, seed):
                             _ddp_step(ddp, opt, x, y, rank, micros, device, dtype)
                             case["state4"] = _state(module)
                             fresh = _build(name, dtype, device, optimized, sync_bn, seed=1)
-                            ddp2, opt2 = _new_ddp(fresh, device)
+                            # (with the gradients as views of DDP's buckets)
+                            ddp2, opt2 = _new_ddp(fresh, device, gradient_as_bucket_view=True)
                             ckpt = torch.load(path, map_location=device)
                             ddp2.load_state_dict(ckpt["model"])
                             opt2.load_state_dict(ckpt["optim"])
