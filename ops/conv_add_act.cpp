@@ -102,7 +102,8 @@ bool activatesInPlace(c10::string_view activation) {
 
 kernels::Activation parseActivation(
     c10::string_view activation_spelling,
-    at::ArrayRef<double> activation_args) {
+    at::ArrayRef<double> activation_args,
+    const char* op) {
   auto activation = activation_spelling;
   if (activatesInPlace(activation)) {
     activation.remove_suffix(1);
@@ -110,7 +111,7 @@ kernels::Activation parseActivation(
   for (const auto& known : kActivations) {
     if (activation == known.name) {
       TORCH_CHECK(
-          activation_args.size() == known.args, kOp, ": expected activation_args to have ",
+          activation_args.size() == known.args, op, ": expected activation_args to have ",
           known.args, " elements for activation '", known.name, "', got ", activation_args.size());
       kernels::Activation act{known.kind};
       if (known.args > 0) {
@@ -123,7 +124,7 @@ kernels::Activation parseActivation(
     }
   }
   TORCH_CHECK(
-      false, kOp,
+      false, op,
       ": expected activation to be one of none, relu, hardtanh, silu, hardswish, "
       "hardsigmoid, sigmoid, gelu, gelu_tanh, leaky_relu (a trailing '_' for the "
       "in-place spelling), got '",
@@ -134,19 +135,19 @@ at::Tensor otherOf(const ConvAddActArgs& a) {
   return orUndefined(a.other);
 }
 
-std::vector<int64_t> checkConvAddActInputs(const ConvAddActArgs& a) {
-  parseActivation(a.activation, a.activation_args);
+std::vector<int64_t> checkConvAddActInputs(const ConvAddActArgs& a, const char* op) {
+  parseActivation(a.activation, a.activation_args, op);
   const auto out =
-      checkConvAndBias(kOp, a.input, a.weight, a.bias, a.stride, a.padding, a.dilation, a.groups);
+      checkConvAndBias(op, a.input, a.weight, a.bias, a.stride, a.padding, a.dilation, a.groups);
   const auto other = otherOf(a);
   if (other.defined()) {
-    checkConvOther(kOp, other, a.input);
-    checkBroadcastable(kOp, other, out);
+    checkConvOther(op, other, a.input);
+    checkBroadcastable(op, other, out);
     if (!a.promote) {
       // NB: add_ writes the conv output: other may not grow it.
       const auto shape = at::infer_size(other.sizes(), out);
       TORCH_CHECK(
-          at::IntArrayRef(shape) == at::IntArrayRef(out), kOp,
+          at::IntArrayRef(shape) == at::IntArrayRef(out), op,
           ": expected other to broadcast to the conv output's shape ", at::IntArrayRef(out),
           " (promote=false adds in place), got ", other.sizes());
     }

@@ -57,9 +57,11 @@ void registerConvAddAct(torch::Library& m) {
 // The activation named by `activation` with `activation_args`; raises,
 // naming the argument, for an unknown name or a wrong number of arguments.
 // A trailing '_' ("relu_") names the in-place spelling (activatesInPlace).
+// `op` names the op in messages.
 kernels::Activation parseActivation(
     c10::string_view activation,
-    at::ArrayRef<double> activation_args);
+    at::ArrayRef<double> activation_args,
+    const char* op = "torchfuse::custom_conv_add_act");
 
 // Whether `activation` names the in-place spelling ("relu_").  NB: the values
 // are the same; the output's strides are not where the conv output's layout
@@ -80,8 +82,11 @@ bool outOfPlaceOverAmbiguousLayout(
 // `other` when present (defined), else undefined.
 at::Tensor otherOf(const ConvAddActArgs& a);
 
-// Checks every argument and returns the conv output's shape.
-std::vector<int64_t> checkConvAddActInputs(const ConvAddActArgs& a);
+// Checks every argument and returns the conv output's shape; `op` names
+// the op in messages.
+std::vector<int64_t> checkConvAddActInputs(
+    const ConvAddActArgs& a,
+    const char* op = "torchfuse::custom_conv_add_act");
 
 // Whether the op's own kernels take these tensors (convKernelsHandle).
 bool convAddActHandles(const ConvAddActArgs& a);

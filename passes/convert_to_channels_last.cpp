@@ -53,6 +53,7 @@ struct ConvForm {
   size_t groups;
   bool other;
   bool transposed_arg; // aten::_convolution / aten::convolution: index 6
+  bool pools = false;  // kernel_size and stride of a max_pool2d at 9, 10
 };
 
 std::optional<ConvForm> convForm(const Node* n) {
@@ -62,6 +63,7 @@ std::optional<ConvForm> convForm(const Node* n) {
       {sym("aten::convolution"), {8, false, true}},
       {sym("torchfuse::custom_conv_relu_add"), {6, true, false}},
       {sym("torchfuse::custom_conv_add_act"), {6, true, false}},
+      {sym("torchfuse::custom_conv_act_max_pool"), {6, false, false, true}},
   };
   const auto it = forms.find(n->kind());
   if (it == forms.end()) {
@@ -438,6 +440,9 @@ class ChannelsLastConversion {
           }
           total += flops;
           weighted += flops * m;
+        }
+        if (form->pools) {
+          a /= std::max(1.0, strideArea(n->input(10), strideArea(n->input(9), 1.0)));
         }
       } else if (n->kind() == sym("aten::max_pool2d") || n->kind() == sym("aten::avg_pool2d")) {
         // stride [] means the kernel size

@@ -71,6 +71,12 @@ bool isIntListConv(const Node* n) {
       n->input(6)->type()->kind() == c10::TypeKind::IntType;
 }
 
+bool isMaxPool2d(const Node* n) {
+  return hasSchema(n, "aten::max_pool2d", "") && n->inputs().size() == 6 && isTensor(n->input(0)) &&
+      isIntList(n->input(1)) && isIntList(n->input(2)) && isIntList(n->input(3)) &&
+      isIntList(n->input(4)) && n->input(5)->type()->kind() == c10::TypeKind::BoolType;
+}
+
 bool isBatchNorm(const Node* n) {
   return hasSchema(n, "aten::batch_norm", "") && n->inputs().size() == 9 &&
       isTensor(n->input(0)) &&

@@ -43,6 +43,9 @@ bool addPromotes(const Node* n);
 bool isLinear(const Node* n);
 // aten::conv{1,2,3}d with int-list stride/padding/dilation (not .padding).
 bool isIntListConv(const Node* n);
+// aten::max_pool2d with int-list kernel_size, stride, padding and dilation
+// and a bool ceil_mode (not max_pool2d_with_indices).
+bool isMaxPool2d(const Node* n);
 // aten::batch_norm.
 bool isBatchNorm(const Node* n);
 // aten::div.Scalar whose divisor is an int or float (not a Tensor, no

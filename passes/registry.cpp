@@ -27,6 +27,13 @@ const std::vector<Fusion>& fusions() {
         "torchfuse::custom_batch_norm_add_div_swish_eval"},
        &passes::FuseBatchNormAddDivSwish,
        true},
+      // NB: before conv_add_act, which would take its conv -> act link and
+      // leave the pool on its own.
+      {"conv_act_max_pool",
+       "conv{1,2,3}d → [activation] → max_pool2d",
+       {"torchfuse::custom_conv_act_max_pool"},
+       &passes::FuseConvActMaxPool,
+       true},
       // NB: after the seed chains, so that each keeps its own: conv -> relu
       // -> add, and an add of a conv output into batch_norm -> add -> div.
       {"conv_add_act",

@@ -56,6 +56,25 @@ TORCHFUSE_API at::Tensor custom_conv_add_act(
     c10::string_view activation,
     at::ArrayRef<double> activation_args);
 
+// max_pool2d(act(convolution(input, weight, bias, ...)), kernel_size,
+// pool_stride, pool_padding, pool_dilation, ceil_mode): activation as
+// custom_conv_add_act's.
+TORCHFUSE_API at::Tensor custom_conv_act_max_pool(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    c10::string_view activation,
+    at::ArrayRef<double> activation_args,
+    at::IntArrayRef kernel_size,
+    at::IntArrayRef pool_stride,
+    at::IntArrayRef pool_padding,
+    at::IntArrayRef pool_dilation,
+    bool ceil_mode);
+
 // t = (batch_norm(input, ...) + other) / divisor; t * sigmoid(t).
 // In training mode running_mean and running_var are updated in place.
 // silu: differentiate the swish as aten::silu does (true) or as autograd

@@ -24,6 +24,9 @@ TORCHFUSE_API int64_t RestoreInPlace(std::shared_ptr<torch::jit::Graph>& graph);
 TORCHFUSE_API int64_t FuseLinearAddRelu(std::shared_ptr<torch::jit::Graph>& graph);
 // conv{1,2,3}d -> relu -> add  =>  torchfuse::custom_conv_relu_add
 TORCHFUSE_API int64_t FuseConvReluAdd(std::shared_ptr<torch::jit::Graph>& graph);
+// conv{1,2,3}d -> [activation] -> max_pool2d
+//   =>  torchfuse::custom_conv_act_max_pool
+TORCHFUSE_API int64_t FuseConvActMaxPool(std::shared_ptr<torch::jit::Graph>& graph);
 // conv{1,2,3}d -> [add] -> [activation] (at least one of them)
 //   =>  torchfuse::custom_conv_add_act
 TORCHFUSE_API int64_t FuseConvAddAct(std::shared_ptr<torch::jit::Graph>& graph);

@@ -5,6 +5,8 @@
 // hardtanh keep NaN (comparisons with NaN are false), silu(-inf) and
 // hardswish(-inf) are NaN (-inf * 0), exact gelu uses erf.
 
+#include <type_traits>
+
 #include "kernels/common/activation.h"
 
 namespace torchfuse::kernels {
@@ -42,6 +44,35 @@ __device__ __forceinline__ float activate(float x, float a, float b) {
     return x > 0.f ? x : x * a;
   } else {
     return x;
+  }
+}
+
+// Calls f(std::integral_constant<ActivationKind, K>{}) for the kind at
+// hand: one kernel instantiation per activation, picked on the host.
+template <typename F>
+void forActivation(ActivationKind kind, F&& f) {
+  using K = ActivationKind;
+  switch (kind) {
+    case K::kNone:
+      return f(std::integral_constant<K, K::kNone>{});
+    case K::kRelu:
+      return f(std::integral_constant<K, K::kRelu>{});
+    case K::kHardtanh:
+      return f(std::integral_constant<K, K::kHardtanh>{});
+    case K::kSilu:
+      return f(std::integral_constant<K, K::kSilu>{});
+    case K::kHardswish:
+      return f(std::integral_constant<K, K::kHardswish>{});
+    case K::kHardsigmoid:
+      return f(std::integral_constant<K, K::kHardsigmoid>{});
+    case K::kSigmoid:
+      return f(std::integral_constant<K, K::kSigmoid>{});
+    case K::kGelu:
+      return f(std::integral_constant<K, K::kGelu>{});
+    case K::kGeluTanh:
+      return f(std::integral_constant<K, K::kGeluTanh>{});
+    case K::kLeakyRelu:
+      return f(std::integral_constant<K, K::kLeakyRelu>{});
   }
 }
 

@@ -120,28 +120,8 @@ void convAddActEpilogue(
   if (a.n * a.c * a.s == 0) {
     return;
   }
-  switch (a.act.kind) {
-    case ActivationKind::kNone:
-      return run<ActivationKind::kNone>(a, channels_last, stream);
-    case ActivationKind::kRelu:
-      return run<ActivationKind::kRelu>(a, channels_last, stream);
-    case ActivationKind::kHardtanh:
-      return run<ActivationKind::kHardtanh>(a, channels_last, stream);
-    case ActivationKind::kSilu:
-      return run<ActivationKind::kSilu>(a, channels_last, stream);
-    case ActivationKind::kHardswish:
-      return run<ActivationKind::kHardswish>(a, channels_last, stream);
-    case ActivationKind::kHardsigmoid:
-      return run<ActivationKind::kHardsigmoid>(a, channels_last, stream);
-    case ActivationKind::kSigmoid:
-      return run<ActivationKind::kSigmoid>(a, channels_last, stream);
-    case ActivationKind::kGelu:
-      return run<ActivationKind::kGelu>(a, channels_last, stream);
-    case ActivationKind::kGeluTanh:
-      return run<ActivationKind::kGeluTanh>(a, channels_last, stream);
-    case ActivationKind::kLeakyRelu:
-      return run<ActivationKind::kLeakyRelu>(a, channels_last, stream);
-  }
+  forActivation(
+      a.act.kind, [&](auto kind) { run<decltype(kind)::value>(a, channels_last, stream); });
 }
 
 #define TORCHFUSE_INSTANTIATE(T) \

@@ -527,9 +527,42 @@ class Generator:
                 self.extra_use(out)
             if r >= 0.6 or self.chance(0.8):
                 out = self.activation(out, fresh=True)
+            if r >= 0.78 and self.chance(0.5):
+                # conv_act_max_pool's forms: conv -> [act] -> max_pool2d
+                self.extra_use(out)
+                out = self.max_pool(out)
             return out
 
         return self.chain(build, lambda v: len(v.shape) in (3, 4))
+
+    def max_pool(self, x: Var) -> Var:
+        """max_pool2d over the last two dims in its spellings (functional,
+        module, default stride, padding, dilation, ceil_mode).  Near-miss:
+        return_indices=True (max_pool2d_with_indices)."""
+        h, w = x.shape[-2], x.shape[-1]
+        k = self.pick([k for k in (1, 2, 3) if k <= min(h, w)])
+        stride = self.pick([None, 1, 2, k])
+        pad = self.pick([p for p in (0, 1) if p <= k // 2])
+        dil = 2 if self.chance(0.15) and 2 * (k - 1) + 1 <= min(h, w) + 2 * pad else 1
+        ceil = self.chance(0.3)
+
+        def size(n):
+            s = stride or k
+            num = n + 2 * pad - dil * (k - 1) - 1
+            out = (num + (s - 1 if ceil else 0)) // s + 1
+            if ceil and (out - 1) * s >= n + pad:
+                out -= 1
+            return out
+
+        shape = tuple(x.shape[:-2]) + (size(h), size(w))
+        args = f"{k}, stride={stride}, padding={pad}, dilation={dil}, ceil_mode={ceil}"
+        if not self.clean and self.chance(0.1):
+            p = self.define(f"F.max_pool2d({x.name}, {args}, return_indices=True)[0]", shape, [x])
+            return p
+        if self.chance(0.2):
+            m = self.attr("pool", "self.{name} = nn.MaxPool2d(%s)" % args)
+            return self.define(f"self.{m}({x.name})", shape, [x], x.contiguous)
+        return self.define(f"F.max_pool2d({x.name}, {args})", shape, [x], x.contiguous)
 
     def chain_batch_norm(self) -> Optional[Var]:
         return self.chain(self._batch_norm_chain, lambda v: 2 <= len(v.shape) <= 4)
