@@ -116,8 +116,7 @@ bool biasesAreFiniteConstants(const Node* op, const Node* conv) {
     return b && b->dim() == 1 && at::isFloatingType(b->scalar_type()) && isFinite(*b);
   };
   const Value* b1 = op->input(kBias);
-  return ok(constantTensor(conv->input(kBias))) &&
-      (b1->mustBeNone() || ok(constantTensor(b1)));
+  return ok(constantTensor(conv->input(kBias))) && (b1->mustBeNone() || ok(constantTensor(b1)));
 }
 
 // b1 and b2 have one dtype, device and size; without b1, b2 takes its place,
@@ -153,8 +152,8 @@ bool foldAt(Node* op) {
     return false;
   }
   Node* conv = op->input(kOther)->node();
-  if (!alphaIsFiniteConstant(op) || !biasesAreFiniteConstants(op, conv) ||
-      !biasesAgree(op, conv) || !residualConvsShareChannelDim(op, conv)) {
+  if (!alphaIsFiniteConstant(op) || !biasesAreFiniteConstants(op, conv) || !biasesAgree(op, conv) ||
+      !residualConvsShareChannelDim(op, conv)) {
     return false;
   }
   const auto b2 = *constantTensor(conv->input(kBias));

@@ -40,11 +40,10 @@ graph(%x : Tensor, %w0 : Tensor, %b0 : Tensor, %w1 : Tensor, %b1 : Tensor, %w2 :
 Constants parameters() {
   torch::manual_seed(0);
   const auto f = at::TensorOptions().dtype(at::kFloat);
-  return {
-      {"w0", at::randn({4, 3, 1, 1}, f)}, {"b0", at::randn({4}, f)},
-      {"w1", at::randn({4, 4, 1, 1}, f)}, {"b1", at::randn({4}, f)},
-      {"w2", at::randn({4, 3, 1, 1}, f)}, {"b2", at::randn({4}, f)},
-      {"alpha", at::IValue(0.75)}};
+  return {{"w0", at::randn({4, 3, 1, 1}, f)}, {"b0", at::randn({4}, f)},
+          {"w1", at::randn({4, 4, 1, 1}, f)}, {"b1", at::randn({4}, f)},
+          {"w2", at::randn({4, 3, 1, 1}, f)}, {"b2", at::randn({4}, f)},
+          {"alpha", at::IValue(0.75)}};
 }
 
 // Parses `ir` and replaces the inputs named in `constants` by constants of
@@ -132,9 +131,10 @@ const Case kCases[] = {
      true,
      {{"%w1, %b1, %l", "%w1, %none, %l"}},
      [](Constants& c) { c["b1"] = at::IValue(); }},
-    {"FoldsAnIntAlpha", true, {{"%alpha : float", "%alpha : int"}}, [](Constants& c) {
-       c["alpha"] = at::IValue(int64_t{2});
-     }},
+    {"FoldsAnIntAlpha",
+     true,
+     {{"%alpha : float", "%alpha : int"}},
+     [](Constants& c) { c["alpha"] = at::IValue(int64_t{2}); }},
     {"FoldsAnOutOfPlaceActivationAndAddInPlace", // promote=false: add_ into conv(y)
      true,
      {{"%o, %alpha, %promote, %relu_", "%o, %alpha, %zero_b, %relu"},
@@ -216,9 +216,10 @@ const Case kCases[] = {
      }},
     {"SkipsAConv1dIntoAConv2dChain", // residualConvsShareChannelDim
      false,
-     {{kConv,
-       kConv1d}},
-     [](Constants& c) { c["w2"] = at::randn({4, 3, 1}); }},
+     {{kConv, kConv1d}},
+     [](Constants& c) {
+       c["w2"] = at::randn({4, 3, 1});
+     }},
     {"SkipsAnOpWeightOfUnknownRank", // residualConvsShareChannelDim
      false,
      {},
@@ -247,9 +248,7 @@ INSTANTIATE_TEST_SUITE_P(
 // NB: the conv1d case runs: conv1d's channels land on dim 2 of the sum, so
 // folding its bias into the conv2d's (dim 1) would change the values.
 TEST(FoldResidualConvBias, TheSkippedConv1dCaseWouldChangeTheValues) {
-  const auto ir = edit(
-      block(),
-      {{kConv, kConv1d}});
+  const auto ir = edit(block(), {{kConv, kConv1d}});
   auto params = parameters();
   params["w2"] = at::randn({4, 3, 1});
   auto graph = frozen(ir, params);
@@ -268,7 +267,7 @@ TEST(FoldResidualConvBias, TheSkippedConv1dCaseWouldChangeTheValues) {
       n->replaceInput(
           2,
           forced->insertConstant(
-              params["b1"].toTensor() + 0.75 * params["b2"].toTensor()));
+              params["b1"].toTensor() + params["alpha"].toDouble() * params["b2"].toTensor()));
     }
   }
   torch::manual_seed(1);
