@@ -4,8 +4,9 @@
 //   -> [freeze_module] -> ConstantPropagation -> [the frozen graph
 //   optimizations, where their BatchNorm folding keeps the meaning] -> fuseGraph (Canonicalize,
 //   then the registry's fusions in order, ReplaceRelu last)
-//   -> EliminateDeadCode -> guards to their persistent form -> outer values
-//   read in loop bodies carried through the loops -> lint
+//   -> [FoldResidualConvBias -> ConvertToChannelsLast] -> EliminateDeadCode
+//   -> guards to their persistent form -> outer values read in loop bodies
+//   carried through the loops -> lint
 
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/ir/constants.h>
@@ -360,6 +361,11 @@ torch::jit::Module optimize(
   {
     passes::SharedSlotsScope shared(sharedSlots(result));
     counts = fuseGraph(graph, options.passes);
+  }
+  if (options.freeze) {
+    // NB: after the fusions, whose custom_conv_add_act takes the residual
+    // conv's bias into its own.
+    passes::FoldResidualConvBias(graph);
   }
   // NB: after the fusions, which match the conv chains it then treats as
   // convolutions.

@@ -36,6 +36,12 @@ TORCHFUSE_API int64_t FuseBatchNormAddDivSwish(std::shared_ptr<torch::jit::Graph
 // a standalone relu / relu_  =>  torchfuse::custom_relu; runs last.
 TORCHFUSE_API int64_t ReplaceRelu(std::shared_ptr<torch::jit::Graph>& graph);
 
+// Frozen graphs, after the fusions: where custom_conv_add_act's `other` is
+// a convolution with a constant bias that only it reads, moves that bias
+// into the op's constant bias (b1 + alpha * b2) and drops it from the
+// convolution (docs/passes.md).  Returns how many it folded.
+TORCHFUSE_API int64_t FoldResidualConvBias(std::shared_ptr<torch::jit::Graph>& graph);
+
 // Frozen graphs: stores the constant weights of 2-d convolutions
 // channels-last, so that the convolutions and the layout-agnostic ops after
 // them run NHWC, and gives every value leaving that region the memory format

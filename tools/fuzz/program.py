@@ -511,7 +511,8 @@ class Generator:
 
     def chain_conv_add_act(self) -> Optional[Var]:
         """conv_add_act's forms: conv -> add -> act (a residual: the conv's
-        input itself where shapes allow, as resnet's `out += identity`),
+        input itself where shapes allow, as resnet's `out += identity`, or
+        another conv of it, as its downsample),
         conv -> act, conv -> add, and a conv alone (nothing to fuse)."""
         def build(x):
             c = self.conv(x, same_shape=self.chance(0.6))
@@ -522,7 +523,16 @@ class Generator:
             out = c
             if r < 0.78:
                 self.maybe_interfere([x.name])
-                residual = x if x.shape == c.shape and self.chance(0.5) else None
+                residual = None
+                if x.shape == c.shape:
+                    q = self.rng.random()
+                    if q < 0.5:
+                        residual = x
+                    elif q < 0.7:
+                        # resnet's downsample: a second conv of the chain's
+                        # input (FoldResidualConvBias takes its bias)
+                        d = self.conv(x, same_shape=True)
+                        residual = d if d.shape == c.shape else None
                 out = self.add(c, fresh=True, residual=residual)
                 self.extra_use(out)
             if r >= 0.6 or self.chance(0.8):
