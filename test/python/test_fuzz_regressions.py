@@ -221,6 +221,19 @@ CASES = [
         v12 = F.relu(v11, inplace=True)
         return v11
 """),
+    # The standalone relu pass replaced relu_ (on a fresh add output) by the
+    # out-of-place custom_relu, whose strides for the ambiguous [3, 2, 1, 1]
+    # channels-last output were TensorIterator's, not the input's.
+    case("relu_pass_in_place_relu_strides_of_an_ambiguous_output", [[3, 2, 4, 4]], 2525, {}, """\
+        self.p7 = nn.Parameter(torch.randn(2, 2, 3, 3))
+        self.p8 = nn.Parameter(torch.randn(2))
+        self.p10 = nn.Parameter(torch.randn(1))
+    def forward(self, x1):
+        v9 = F.conv2d(x1, self.p7, self.p8, 2, 0, 1, 1)
+        v11 = self.p10 + v9
+        v12 = F.relu(v11, inplace=True)
+        return v11
+"""),
 ]
 
 test_optimize_keeps_meaning = keeps_meaning_test(CASES)

@@ -1,3 +1,4 @@
+#include "passes/match_filters.h"
 #include "test/cpp/passes/pass_test_utils.h"
 #include "torchfuse/passes.h"
 
@@ -22,15 +23,29 @@ graph(%x : Tensor):
   FileCheck().check("torchfuse::custom_relu(%x)")->check_not("aten::relu")->run(*graph);
 }
 
-TEST(ReplaceRelu, ReplacesInPlaceReluOnFreshTensor) {
-  auto graph = parse(R"IR(
+// ---- isOutOfPlaceSpelling ----
+
+TEST(ReplaceRelu, LeavesInPlaceReluOnFreshTensor) {
+  expectUnchanged(
+      R"IR(
 graph(%x : Tensor, %w : Tensor):
   %none : NoneType = prim::Constant()
   %y : Tensor = aten::linear(%x, %w, %none)
   %o : Tensor = aten::relu_(%y)
+  return (%o))IR",
+      run);
+}
+
+TEST(ReplaceRelu, LeavesAReluCanonicalizeMadeFromInPlace) {
+  auto graph = parse(R"IR(
+graph(%x : Tensor, %w : Tensor):
+  %none : NoneType = prim::Constant()
+  %y : Tensor = aten::linear(%x, %w, %none)
+  %o : Tensor = aten::relu(%y)
   return (%o))IR");
-  EXPECT_EQ(ReplaceRelu(graph), 1);
-  FileCheck().check("aten::linear")->check("torchfuse::custom_relu(")->check_not("aten::relu_")->run(*graph);
+  graph->return_node()->input(0)->node()->i_(fromInPlaceAttr(), 1);
+  EXPECT_EQ(ReplaceRelu(graph), 0);
+  FileCheck().check("aten::relu")->check_not("custom_relu")->run(*graph);
 }
 
 TEST(ReplaceRelu, RecursesIntoIfAndLoopBodies) {
@@ -53,8 +68,6 @@ graph(%c : bool, %n : int, %x : Tensor):
   FileCheck().check("prim::If")->check("torchfuse::custom_relu")->check("prim::Loop")
       ->check("torchfuse::custom_relu")->check_not("aten::relu")->run(*graph);
 }
-
-// ---- isFreshUnaliasedTensor ----
 
 TEST(ReplaceRelu, LeavesInPlaceReluOnGraphInput) {
   expectUnchanged(R"IR(
