@@ -102,7 +102,8 @@ bool activatesInPlace(c10::string_view activation) {
 
 kernels::Activation parseActivation(
     c10::string_view activation_spelling,
-    at::ArrayRef<double> activation_args) {
+    at::ArrayRef<double> activation_args,
+    const char* op) {
   auto activation = activation_spelling;
   if (activatesInPlace(activation)) {
     activation.remove_suffix(1);
@@ -110,7 +111,7 @@ kernels::Activation parseActivation(
   for (const auto& known : kActivations) {
     if (activation == known.name) {
       TORCH_CHECK(
-          activation_args.size() == known.args, kOp, ": expected activation_args to have ",
+          activation_args.size() == known.args, op, ": expected activation_args to have ",
           known.args, " elements for activation '", known.name, "', got ", activation_args.size());
       kernels::Activation act{known.kind};
       if (known.args > 0) {
@@ -123,7 +124,7 @@ kernels::Activation parseActivation(
     }
   }
   TORCH_CHECK(
-      false, kOp,
+      false, op,
       ": expected activation to be one of none, relu, hardtanh, silu, hardswish, "
       "hardsigmoid, sigmoid, gelu, gelu_tanh, leaky_relu (a trailing '_' for the "
       "in-place spelling), got '",
@@ -158,11 +159,7 @@ bool convAddActHandles(const ConvAddActArgs& a) {
   return convKernelsHandle(a.input, a.weight, a.bias, otherOf(a));
 }
 
-namespace {
-// The activation as ATen's own op (its values, errors and derivatives), in
-// the spelling the chain had: in place on `t` (a fresh conv output) for
-// "relu_" and the like, else out of place.
-at::Tensor activate(at::Tensor& t, c10::string_view name, at::ArrayRef<double> args) {
+at::Tensor applyActivation(at::Tensor& t, c10::string_view name, at::ArrayRef<double> args) {
   const bool in_place = activatesInPlace(name);
   switch (parseActivation(name, args).kind) {
     case ActivationKind::kNone:
@@ -188,7 +185,6 @@ at::Tensor activate(at::Tensor& t, c10::string_view name, at::ArrayRef<double> a
   }
   return t;
 }
-} // namespace
 
 bool outOfPlaceOverAmbiguousLayout(
     const ConvAddActArgs& a,
@@ -206,7 +202,7 @@ at::Tensor convAddActEpilogueComposite(at::Tensor conv, const ConvAddActArgs& a)
   if (other.defined()) {
     conv = a.promote ? at::add(conv, other, a.alpha) : conv.add_(other, a.alpha);
   }
-  return activate(conv, a.activation, a.activation_args);
+  return applyActivation(conv, a.activation, a.activation_args);
 }
 
 at::Tensor convAddActComposite(const ConvAddActArgs& a) {

@@ -55,17 +55,28 @@ void registerConvAddAct(torch::Library& m) {
 }
 
 // The activation named by `activation` with `activation_args`; raises,
-// naming the argument, for an unknown name or a wrong number of arguments.
-// A trailing '_' ("relu_") names the in-place spelling (activatesInPlace).
+// naming `op` and the argument, for an unknown name or a wrong number of
+// arguments.  A trailing '_' ("relu_") names the in-place spelling
+// (activatesInPlace).
 kernels::Activation parseActivation(
     c10::string_view activation,
-    at::ArrayRef<double> activation_args);
+    at::ArrayRef<double> activation_args,
+    const char* op = "torchfuse::custom_conv_add_act");
 
 // Whether `activation` names the in-place spelling ("relu_").  NB: the values
 // are the same; the output's strides are not where the conv output's layout
 // is ambiguous (size-1 dimensions): an in-place activation keeps the conv
 // output's, an out-of-place one takes TensorIterator's.
 bool activatesInPlace(c10::string_view activation);
+
+// The activation as ATen's own op (its values, errors and derivatives), in
+// the spelling named: in place on `t` (a fresh intermediate of the chain)
+// for "relu_" and the like, else out of place.  Shared with
+// custom_linear_act.
+at::Tensor applyActivation(
+    at::Tensor& t,
+    c10::string_view activation,
+    at::ArrayRef<double> activation_args);
 
 // Whether eager's chain ends in an out-of-place op (the activation, or an
 // out-of-place add with no activation or an in-place one) over a conv output

@@ -10,7 +10,8 @@ vocabulary (linear, conv1d/conv2d, batch_norm, relu/relu_, add/add_/sub,
 div, mul, sigmoid, silu, the activations of conv_add_act: relu, relu6,
 hardtanh, silu, hardswish, hardsigmoid, sigmoid, gelu, leaky_relu, in and
 out of place; views, in-place writes, if and for blocks), biased towards
-the five fusable chains (conv -> [add] -> activation among them) and
+the six fusable chains (conv -> [add] -> activation and linear ->
+activation among them) and
 near-misses of them.  Features, each
 from its own random stream (without them a program is the one drawn before
 they existed): `tied`, parameters tied and buffers shared between
