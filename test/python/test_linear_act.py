@@ -238,8 +238,11 @@ def test_optimize_for_inference_matmul_form(bias):
 
 def _tiny_bert():
     transformers = pytest.importorskip("transformers")
+    # NB: as bench/models.py traces BERT (return_dict=False: transformers 5
+    # dropped torchscript=True's implication)
     config = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=32, max_position_embeddings=16, torchscript=True)
+                                     intermediate_size=32, max_position_embeddings=16, torchscript=True,
+                                     return_dict=False, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     torch.manual_seed(9)
     return transformers.BertModel(config).eval(), config
 
@@ -248,7 +251,10 @@ def _tiny_bert():
 def test_traced_tiny_bert(freeze):
     model, config = _tiny_bert()
     ids = torch.randint(0, config.vocab_size, (2, 7))
-    with torch.no_grad():
+    with torch.no_grad(), warnings.catch_warnings():
+        # NB: transformers' shape conditions become trace constants, each
+        # with a TracerWarning: expected, the shapes do not change
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
         traced = torch.jit.trace(model, (ids,))
         want = model(ids)[0]
     opt = torchfuse.optimize(traced, freeze=freeze)
@@ -338,3 +344,38 @@ def test_cuda_autograd_and_autocast():
         want = F.silu(F.linear(x, w, b))
     assert got.dtype == want.dtype == torch.float16
     torch.testing.assert_close(got, want)
+
+
+# ---- FX --------------------------------------------------------------------------
+
+
+class FxMlp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.fc3 = nn.Linear(8, 6), nn.Linear(6, 6, bias=False), nn.Linear(6, 4)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x, r):
+        y = self.act(self.fc1(x))          # a module activation
+        y = torch.sigmoid(F.linear(y, self.fc2.weight))
+        z = self.fc3(y)
+        return F.silu(z), z + r            # z used twice: left
+
+
+@pytest.mark.parametrize("how", ["symbolic_trace", "export"])
+def test_fx_rewrites_linear_act(how):
+    import torchfuse.fx as tfx
+
+    torch.manual_seed(14)
+    model = FxMlp().eval()
+    x, r = signed(2, 3, 8), signed(2, 3, 4)
+    if how == "export":
+        ep = tfx.optimize_exported(torch.export.export(model, (x, r)))
+        counts, run = tfx.report(ep), ep.module()
+    else:
+        gm = tfx.optimize(torch.fx.symbolic_trace(model))
+        counts, run = tfx.report(gm), gm
+    assert counts["linear_act"] == 2
+    with torch.no_grad():
+        for got, want in zip(run(x, r), model(x, r)):
+            torch.testing.assert_close(got, want)
