@@ -36,7 +36,7 @@ const std::vector<Fusion>& fusions() {
        true},
       // NB: after linear_add_relu, which keeps linear -> add -> relu.
       {"linear_act",
-       "linear → activation (also matmul [→ add bias] → activation)",
+       "linear → activation (also a constant-weight matmul → activation)",
        {"torchfuse::custom_linear_act"},
        &passes::FuseLinearAct,
        true},

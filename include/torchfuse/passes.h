@@ -27,8 +27,8 @@ TORCHFUSE_API int64_t FuseConvReluAdd(std::shared_ptr<torch::jit::Graph>& graph)
 // conv{1,2,3}d -> [add] -> [activation] (at least one of them)
 //   =>  torchfuse::custom_conv_add_act
 TORCHFUSE_API int64_t FuseConvAddAct(std::shared_ptr<torch::jit::Graph>& graph);
-// linear -> activation (and optimize_for_inference's matmul [-> add bias]
-// -> activation)  =>  torchfuse::custom_linear_act
+// linear -> activation (and optimize_for_inference's matmul of a linear
+// without bias -> activation)  =>  torchfuse::custom_linear_act
 TORCHFUSE_API int64_t FuseLinearAct(std::shared_ptr<torch::jit::Graph>& graph);
 // batch_norm -> add -> div -> x*sigmoid(x) | silu
 //   =>  torchfuse::custom_batch_norm_add_div_swish (or its _eval form)

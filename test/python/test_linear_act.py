@@ -217,23 +217,43 @@ def test_linear_add_relu_keeps_its_chain():
     assert torchfuse.report(opt)["linear_add_relu"] == 1
 
 
-@pytest.mark.parametrize("bias", [True, False])
-def test_optimize_for_inference_matmul_form(bias):
-    """FrozenLinearTranspose leaves matmul(x, Wᵀ) [+ b]: fused as a linear."""
-    torch.manual_seed(8)
-    model = Mlp(nn.SiLU(), bias=bias).eval()
+def _optimized_for_inference(model):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         ofi = torch.jit.optimize_for_inference(torch.jit.script(model))
     graph = ofi.graph.copy()
     FileCheck().check("aten::matmul").run(graph)
     counts = torchfuse.fuse_graph(graph, passes=["linear_act"])
-    assert counts["linear_act"] == 1
-    FileCheck().check("torchfuse::custom_linear_act").check_not("aten::matmul").check_not("aten::add").run(graph)
-    fn = torch._C._create_function_from_graph("fused", graph)
+    return ofi, graph, counts["linear_act"], torch._C._create_function_from_graph("fused", graph)
+
+
+def test_optimize_for_inference_matmul_form():
+    """FrozenLinearTranspose leaves matmul(x, Wᵀ) of a linear without bias:
+    fused as a linear, under autocast too."""
+    torch.manual_seed(8)
+    model = Mlp(nn.SiLU(), bias=False).eval()
+    ofi, graph, fused, fn = _optimized_for_inference(model)
+    assert fused == 1
+    FileCheck().check("torchfuse::custom_linear_act").check_not("aten::matmul").run(graph)
     x = signed(2, 3, 8)
     with torch.no_grad():
         torch.testing.assert_close(fn(ofi._c, x), model(x), rtol=1e-5, atol=1e-6)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got, want = fn(ofi._c, x), ofi(x)
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want)
+
+
+def test_optimize_for_inference_matmul_add_form_stays_unfused():
+    """matmul(x, Wᵀ) + b is not a linear under autocast: the add promotes
+    the bfloat16 matmul with the float32 bias to float32."""
+    torch.manual_seed(8)
+    model = Mlp(nn.ReLU(), bias=True).eval()
+    ofi, graph, fused, fn = _optimized_for_inference(model)
+    assert fused == 0
+    x = signed(2, 3, 8)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert fn(ofi._c, x).dtype == ofi(x).dtype == torch.float32
 
 
 def _tiny_bert():
