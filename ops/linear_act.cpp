@@ -75,8 +75,8 @@ void checkLinearActInputs(const LinearActArgs& a) {
   TORCH_CHECK(a.input.dim() >= 1, kOp, ": expected input to be at least 1-D, got 0-D");
   // NB: aten::linear takes a 1-D weight (a matrix-vector product).
   TORCH_CHECK(
-      a.weight.dim() == 1 || a.weight.dim() == 2, kOp,
-      ": expected weight to be 1-D or 2-D, got ", a.weight.dim(), "-D");
+      a.weight.dim() == 1 || a.weight.dim() == 2, kOp, ": expected weight to be 1-D or 2-D, got ",
+      a.weight.dim(), "-D");
   TORCH_CHECK(
       a.input.size(-1) == a.weight.size(-1), kOp,
       ": expected input.size(-1) to equal weight.size(-1) (in_features = ", a.weight.size(-1),

@@ -40,9 +40,8 @@ constexpr const char* kOp = "torchfuse::custom_linear_act";
 
 bool isMatmul(const Node* n) {
   const auto* schema = n->maybeSchema();
-  return schema != nullptr && schema->name() == "aten::matmul" &&
-      schema->overload_name().empty() && n->inputs().size() == 2 && isTensor(n->input(0)) &&
-      isTensor(n->input(1));
+  return schema != nullptr && schema->name() == "aten::matmul" && schema->overload_name().empty() &&
+      n->inputs().size() == 2 && isTensor(n->input(0)) && isTensor(n->input(1));
 }
 
 std::optional<at::Tensor> constantTensor(const Value* v) {
@@ -56,8 +55,8 @@ std::optional<at::Tensor> constantTensor(const Value* v) {
 // matmul(x, Wt) is linear(x, Wtᵀ) for every x when Wt is a 2-D constant.
 bool matmulWeightIsConstantMatrix(const Node* matmul) {
   const auto w = constantTensor(matmul->input(1));
-  return w && w->defined() && w->dim() == 2 && w->layout() == at::kStrided &&
-      !w->is_quantized() && !w->requires_grad();
+  return w && w->defined() && w->dim() == 2 && w->layout() == at::kStrided && !w->is_quantized() &&
+      !w->requires_grad();
 }
 
 const Link kLinear = {[](const Node* n) { return isLinear(n); }, {}};
@@ -89,8 +88,7 @@ int64_t fuseMatmul(std::shared_ptr<torch::jit::Graph>& graph) {
   return fuseChains(
       graph, {kMatmul, kAct}, kOp,
       [](const Chain& c, const AliasDb&) {
-        return matmulWeightIsConstantMatrix(c.head()) &&
-            activationArgumentsAreConstant(c.tail());
+        return matmulWeightIsConstantMatrix(c.head()) && activationArgumentsAreConstant(c.tail());
       },
       [](const Chain& c) {
         Node* matmul = c.head();

@@ -41,7 +41,7 @@ at::Tensor linearActCuda(const LinearActArgs& a) {
   if (!linearActHandles(a)) {
     return linearActComposite(a);
   }
-  checkLinearActInputs(a);  // NB: the composite's fallbacks check again: cheap
+  checkLinearActInputs(a); // NB: the composite's fallbacks check again: cheap
   const auto act = linearActActivation(a);
   const auto& input = a.input;
   const auto& weight = a.weight;

@@ -44,9 +44,9 @@
 #include <torch/library.h>
 
 #include "kernels/cublaslt/linear_gemm.h"
-#include "ops/cuda/linear_gemm_context.h"
 #include "kernels/elementwise/relu.cuh"
 #include "ops/cuda/cuda_types.h"
+#include "ops/cuda/linear_gemm_context.h"
 #include "ops/linear_add_relu.h"
 
 namespace torchfuse::ops {

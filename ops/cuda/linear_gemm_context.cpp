@@ -21,8 +21,7 @@ std::optional<kernels::GemmDtype> gemmDtype(at::ScalarType s) {
 }
 
 bool allowTf32Matmul() {
-  return at::globalContext().float32Precision(
-             at::Float32Backend::CUDA, at::Float32Op::MATMUL) ==
+  return at::globalContext().float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL) ==
       at::Float32Precision::TF32 &&
       !at::NoTF32Guard::should_disable_tf32();
 }
@@ -63,8 +62,7 @@ kernels::LinearGemmContext gemmContext(kernels::GemmDtype dtype) {
 }
 
 bool atenAccumulatesInHalf(kernels::GemmDtype dtype) {
-  return dtype == kernels::GemmDtype::kFloat16 &&
-      at::globalContext().allowFP16AccumulationCuBLAS();
+  return dtype == kernels::GemmDtype::kFloat16 && at::globalContext().allowFP16AccumulationCuBLAS();
 }
 
 std::optional<int64_t> rowStride(const at::Tensor& t) {
@@ -73,7 +71,7 @@ std::optional<int64_t> rowStride(const at::Tensor& t) {
     return std::nullopt;
   }
   int64_t ld = -1;
-  int64_t next = 0;  // the stride the next outer non-trivial dim must have
+  int64_t next = 0; // the stride the next outer non-trivial dim must have
   for (int64_t d = t.dim() - 2; d >= 0; --d) {
     if (t.size(d) == 1) {
       continue;
@@ -86,7 +84,7 @@ std::optional<int64_t> rowStride(const at::Tensor& t) {
     next = t.stride(d) * t.size(d);
   }
   if (ld < 0) {
-    ld = cols;  // a single row
+    ld = cols; // a single row
   }
   return ld >= cols ? std::optional<int64_t>(ld) : std::nullopt;
 }

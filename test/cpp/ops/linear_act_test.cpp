@@ -80,11 +80,15 @@ TEST(LinearActOp, RejectsBadArgumentsByName) {
       "torchfuse::custom_linear_act: expected activation_args to have 1 elements for "
       "activation 'leaky_relu', got 0");
   expectThrowsWith(
-      [&] { custom_linear_act(x, randSigned({5, 3}, at::kFloat), std::nullopt, "relu", {}); },
+      [&] {
+        custom_linear_act(x, randSigned({5, 3}, at::kFloat), std::nullopt, "relu", {});
+      },
       "torchfuse::custom_linear_act: expected input.size(-1) to equal weight.size(-1) "
       "(in_features = 3), got 4");
   expectThrowsWith(
-      [&] { custom_linear_act(x, randSigned({5, 4}, at::kDouble), std::nullopt, "relu", {}); },
+      [&] {
+        custom_linear_act(x, randSigned({5, 4}, at::kDouble), std::nullopt, "relu", {});
+      },
       "torchfuse::custom_linear_act: expected weight");
   expectThrowsWith(
       [&] { custom_linear_act(x, w, randSigned({3}, at::kFloat), "relu", {}); },

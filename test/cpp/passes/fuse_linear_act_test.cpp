@@ -95,9 +95,10 @@ TEST(FuseLinearAct, FusesInIfAndLoopBlocks) {
   const std::string ir = R"IR(
 graph(%x : Tensor, %w : Tensor, %b : Tensor, %c : bool, %n : int):
   %true : bool = prim::Constant[value=1]()
-)IR" + ifTail({"%l : Tensor = aten::linear(%x, %w, %b)", "%o : Tensor = aten::silu(%l)"},
-              loop({"%l2 : Tensor = aten::linear(%h, %w, %b)", "%o2 : Tensor = aten::relu(%l2)"}),
-              "%lo");
+)IR" +
+      ifTail({"%l : Tensor = aten::linear(%x, %w, %b)", "%o : Tensor = aten::silu(%l)"},
+             loop({"%l2 : Tensor = aten::linear(%h, %w, %b)", "%o2 : Tensor = aten::relu(%l2)"}),
+             "%lo");
   expectFusedInIfAndLoop(ir, run, "torchfuse::custom_linear_act", "aten::linear");
 }
 
@@ -111,8 +112,7 @@ TEST(FuseLinearAct, MatchesTheUnfusedGraphNumerically) {
   for (const auto& form : forms) {
     expectSameOutputs(edit(chain(), form), run, [](const at::TensorOptions& o) {
       return std::vector<at::IValue>{
-          at::randn({2, 5, 8}, o) * 3, at::randn({6, 8}, o), at::randn({6}, o),
-          at::randn({1}, o)};
+          at::randn({2, 5, 8}, o) * 3, at::randn({6, 8}, o), at::randn({6}, o), at::randn({1}, o)};
     });
   }
 }
