@@ -188,6 +188,29 @@ def test_training_gradients_through_the_fused_op():
         torch.testing.assert_close(fused[name].grad, p.grad)
 
 
+def test_gradient_penalty_through_the_fused_op():
+    """Double backward (WGAN-GP's penalty) through custom_linear_act in a
+    scripted, optimized module: eager's own, the ATen chain being recorded."""
+    torch.manual_seed(15)
+    model = nn.Sequential(nn.Linear(6, 8), nn.SiLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1)).double()
+    original = torch.jit.script(model)
+    optimized = torchfuse.optimize(original)
+    assert torchfuse.report(optimized)["linear_act"] == 2
+    x = signed(16, 6, dtype=torch.float64, requires_grad=True)
+
+    def penalty_grads(m):
+        (gx,) = torch.autograd.grad(m(x).sum(), x, create_graph=True)
+        penalty = ((gx.norm(2, dim=1) - 1) ** 2).mean()
+        params = list(m.parameters())
+        grads = torch.autograd.grad(penalty, params, allow_unused=True)  # the last bias: unused
+        return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+
+    got, want = penalty_grads(optimized), penalty_grads(original)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    assert sum(g.abs().sum() for g in got) > 0
+
+
 def test_intermediate_used_twice_stays_unfused():
     class TwoUses(nn.Module):
         def __init__(self):
