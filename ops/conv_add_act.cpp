@@ -159,11 +159,7 @@ bool convAddActHandles(const ConvAddActArgs& a) {
   return convKernelsHandle(a.input, a.weight, a.bias, otherOf(a));
 }
 
-namespace {
-// The activation as ATen's own op (its values, errors and derivatives), in
-// the spelling the chain had: in place on `t` (a fresh conv output) for
-// "relu_" and the like, else out of place.
-at::Tensor activate(at::Tensor& t, c10::string_view name, at::ArrayRef<double> args) {
+at::Tensor applyActivation(at::Tensor& t, c10::string_view name, at::ArrayRef<double> args) {
   const bool in_place = activatesInPlace(name);
   switch (parseActivation(name, args).kind) {
     case ActivationKind::kNone:
@@ -189,7 +185,6 @@ at::Tensor activate(at::Tensor& t, c10::string_view name, at::ArrayRef<double> a
   }
   return t;
 }
-} // namespace
 
 bool outOfPlaceOverAmbiguousLayout(
     const ConvAddActArgs& a,
@@ -207,7 +202,7 @@ at::Tensor convAddActEpilogueComposite(at::Tensor conv, const ConvAddActArgs& a)
   if (other.defined()) {
     conv = a.promote ? at::add(conv, other, a.alpha) : conv.add_(other, a.alpha);
   }
-  return activate(conv, a.activation, a.activation_args);
+  return applyActivation(conv, a.activation, a.activation_args);
 }
 
 at::Tensor convAddActComposite(const ConvAddActArgs& a) {

@@ -55,9 +55,9 @@ void registerConvAddAct(torch::Library& m) {
 }
 
 // The activation named by `activation` with `activation_args`; raises,
-// naming the argument, for an unknown name or a wrong number of arguments.
-// A trailing '_' ("relu_") names the in-place spelling (activatesInPlace).
-// `op` names the op in messages.
+// naming `op` and the argument, for an unknown name or a wrong number of
+// arguments.  A trailing '_' ("relu_") names the in-place spelling
+// (activatesInPlace).
 kernels::Activation parseActivation(
     c10::string_view activation,
     at::ArrayRef<double> activation_args,
@@ -68,6 +68,15 @@ kernels::Activation parseActivation(
 // is ambiguous (size-1 dimensions): an in-place activation keeps the conv
 // output's, an out-of-place one takes TensorIterator's.
 bool activatesInPlace(c10::string_view activation);
+
+// The activation as ATen's own op (its values, errors and derivatives), in
+// the spelling named: in place on `t` (a fresh intermediate of the chain)
+// for "relu_" and the like, else out of place.  Shared with
+// custom_linear_act.
+at::Tensor applyActivation(
+    at::Tensor& t,
+    c10::string_view activation,
+    at::ArrayRef<double> activation_args);
 
 // Whether eager's chain ends in an out-of-place op (the activation, or an
 // out-of-place add with no activation or an in-place one) over a conv output

@@ -41,6 +41,12 @@ const std::vector<Fusion>& fusions() {
        {"torchfuse::custom_conv_add_act"},
        &passes::FuseConvAddAct,
        true},
+      // NB: after linear_add_relu, which keeps linear -> add -> relu.
+      {"linear_act",
+       "linear → activation (also a constant-weight matmul → activation)",
+       {"torchfuse::custom_linear_act"},
+       &passes::FuseLinearAct,
+       true},
       {"relu",
        "a standalone relu",
        {"torchfuse::custom_relu"},

@@ -75,6 +75,15 @@ TORCHFUSE_API at::Tensor custom_conv_act_max_pool(
     at::IntArrayRef pool_dilation,
     bool ceil_mode);
 
+// act(linear(input, weight, bias)); activation as custom_conv_add_act's
+// ("relu_" and the like: the in-place spelling).
+TORCHFUSE_API at::Tensor custom_linear_act(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    c10::string_view activation,
+    at::ArrayRef<double> activation_args);
+
 // t = (batch_norm(input, ...) + other) / divisor; t * sigmoid(t).
 // In training mode running_mean and running_var are updated in place.
 // silu: differentiate the swish as aten::silu does (true) or as autograd

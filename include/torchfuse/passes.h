@@ -30,6 +30,9 @@ TORCHFUSE_API int64_t FuseConvActMaxPool(std::shared_ptr<torch::jit::Graph>& gra
 // conv{1,2,3}d -> [add] -> [activation] (at least one of them)
 //   =>  torchfuse::custom_conv_add_act
 TORCHFUSE_API int64_t FuseConvAddAct(std::shared_ptr<torch::jit::Graph>& graph);
+// linear -> activation (and optimize_for_inference's matmul of a linear
+// without bias -> activation)  =>  torchfuse::custom_linear_act
+TORCHFUSE_API int64_t FuseLinearAct(std::shared_ptr<torch::jit::Graph>& graph);
 // batch_norm -> add -> div -> x*sigmoid(x) | silu
 //   =>  torchfuse::custom_batch_norm_add_div_swish (or its _eval form)
 TORCHFUSE_API int64_t FuseBatchNormAddDivSwish(std::shared_ptr<torch::jit::Graph>& graph);

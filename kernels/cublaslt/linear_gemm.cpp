@@ -10,6 +10,7 @@ LtMatmulArgs baseArgs(const LinearGemmContext& ctx) {
   a.workspace = ctx.workspace;
   a.workspace_size = ctx.workspace_size;
   a.autotune = ctx.autotune;
+  a.reduction_schemes = ctx.reduction_schemes;
   return a;
 }
 

@@ -40,6 +40,7 @@ struct LinearGemmContext {
   void* workspace;
   size_t workspace_size;
   bool autotune; // LtMatmulArgs::autotune
+  uint32_t reduction_schemes = CUBLASLT_REDUCTION_SCHEME_MASK; // LtMatmulArgs::reduction_schemes
 };
 
 struct LinearForwardArgs {

@@ -50,7 +50,7 @@ cublasLtEpilogue_t toCublasLtEpilogue(LtEpilogue e) {
   TORCH_INTERNAL_ASSERT(false, "unknown LtEpilogue ", static_cast<int>(e));
 }
 
-using PlanKey = std::array<int64_t, 21>;
+using PlanKey = std::array<int64_t, 22>;
 
 struct PlanKeyHash {
   size_t operator()(const PlanKey& key) const noexcept {
@@ -85,7 +85,8 @@ PlanKey makeKey(const LtMatmulArgs& a, int device) {
       pointerAlignment(a.d),
       has_bias ? pointerAlignment(a.bias) : 0,
       static_cast<int64_t>(a.workspace_size),
-      a.autotune};
+      a.autotune,
+      static_cast<int64_t>(a.reduction_schemes)};
 }
 
 // Everything cuBLASLt needs for one key.  The descriptor's bias pointer is
@@ -235,6 +236,7 @@ void build(Plan& plan, cublasLtHandle_t handle, const LtMatmulArgs& a, cudaStrea
   setAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
                pointerAlignment(a.c != nullptr ? a.c : a.d));
   setAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, pointerAlignment(a.d));
+  setAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, a.reduction_schemes);
 
   // NB: no timing while capturing a CUDA graph: event synchronization is
   // illegal there, and the timed launches would be captured too.

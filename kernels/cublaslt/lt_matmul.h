@@ -58,6 +58,11 @@ struct LtMatmulArgs {
   // Time the heuristic's candidates on a key's first use (the caller's
   // torchfuse::backends::matmul().autotune()).
   bool autotune = true;
+  // The split-K reduction schemes allowed (CUBLASLT_MATMUL_PREF_REDUCTION_
+  // SCHEME_MASK, cublasLtReductionScheme_t bits; cuBLASLt's default: all).
+  // NB: ATen narrows it for float16/bfloat16 when torch's reduced-precision
+  // reduction flags forbid reductions in the 16-bit output type.
+  uint32_t reduction_schemes = CUBLASLT_REDUCTION_SCHEME_MASK;
 };
 
 // Returns false, having launched nothing, when cuBLASLt offers no algorithm

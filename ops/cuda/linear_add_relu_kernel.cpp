@@ -46,70 +46,11 @@
 #include "kernels/cublaslt/linear_gemm.h"
 #include "kernels/elementwise/relu.cuh"
 #include "ops/cuda/cuda_types.h"
+#include "ops/cuda/linear_gemm_context.h"
 #include "ops/linear_add_relu.h"
-#include "torchfuse/backends.h"
 
 namespace torchfuse::ops {
 namespace {
-
-std::optional<kernels::GemmDtype> gemmDtype(at::ScalarType s) {
-  switch (s) {
-    case at::kFloat:
-      return kernels::GemmDtype::kFloat32;
-    case at::kHalf:
-      return kernels::GemmDtype::kFloat16;
-    case at::kBFloat16:
-      return kernels::GemmDtype::kBFloat16;
-    default:
-      return std::nullopt;
-  }
-}
-
-// kernels.md §2: the same choice as ATen's cuBLAS(Lt) paths.
-bool allowTf32Matmul() {
-  return at::globalContext().float32Precision(
-             at::Float32Backend::CUDA, at::Float32Op::MATMUL) ==
-      at::Float32Precision::TF32 &&
-      !at::NoTF32Guard::should_disable_tf32();
-}
-
-kernels::LinearGemmContext gemmContext(kernels::GemmDtype dtype) {
-  return {
-      at::cuda::getCurrentCUDABlasLtHandle(),
-      at::cuda::getCurrentCUDAStream(),
-      dtype,
-      dtype == kernels::GemmDtype::kFloat32 && allowTf32Matmul(),
-      at::cuda::getCUDABlasLtWorkspace(),
-      at::cuda::getCUDABlasLtWorkspaceSize(),
-      backends::matmul().autotune()};
-}
-
-// The row stride of t read, without a copy, as the row-major matrix
-// [numel / size(-1), size(-1)] with unit column stride; nullopt if it cannot
-// be.  NB: strides of size-1 dims are arbitrary, so they are skipped.
-std::optional<int64_t> rowStride(const at::Tensor& t) {
-  const int64_t cols = t.size(-1);
-  if (cols != 1 && t.stride(-1) != 1) {
-    return std::nullopt;
-  }
-  int64_t ld = -1;
-  int64_t next = 0;  // the stride the next outer non-trivial dim must have
-  for (int64_t d = t.dim() - 2; d >= 0; --d) {
-    if (t.size(d) == 1) {
-      continue;
-    }
-    if (ld < 0) {
-      ld = t.stride(d);
-    } else if (t.stride(d) != next) {
-      return std::nullopt;
-    }
-    next = t.stride(d) * t.size(d);
-  }
-  if (ld < 0) {
-    ld = cols;  // a single row
-  }
-  return ld >= cols ? std::optional<int64_t>(ld) : std::nullopt;
-}
 
 // `other` folds into the bias vector when it is per-feature or one element
 // and broadcasting it leaves linear's shape unchanged.

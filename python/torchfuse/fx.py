@@ -575,12 +575,7 @@ class _Rewriter:
             if add is None or not _single_use(add_node, node):
                 continue
 
-            def is_linear(v):
-                lin = self.call(v, "linear")
-                return lin is not None and _is_tensor_value(lin.args["input"]) and _is_tensor_value(
-                    lin.args["weight"]) and (lin.args["bias"] is None or _is_tensor_value(lin.args["bias"]))
-
-            found = self.chain_add(add_node, add, is_linear)
+            found = self.chain_add(add_node, add, lambda v: self._linear(v) is not None)
             if found is None:
                 continue
             lin_node, other, alpha = found
@@ -591,6 +586,37 @@ class _Rewriter:
                 continue
             self.replace(node, chain, _ops.custom_linear_add_relu.default,
                          (lin["input"], lin["weight"], lin["bias"], other, alpha))
+            count += 1
+        return count
+
+    def _linear(self, v) -> Optional[Dict[str, Any]]:
+        """isLinear: linear(input, weight, bias) with tensor operands."""
+        lin = self.call(v, "linear")
+        if lin is None:
+            return None
+        a = lin.args
+        if not _is_tensor_value(a["input"]) or not _is_tensor_value(a["weight"]):
+            return None
+        return a if a["bias"] is None or _is_tensor_value(a["bias"]) else None
+
+    # linear -> activation ---------------------------------------------------
+    # NB: the activations FX normalizes (relu, silu, sigmoid), as for
+    # conv_add_act; runs after linear_add_relu (the registry's order).
+    def linear_act(self) -> int:
+        count = 0
+        for node in list(self.graph.nodes):
+            act = self._activation(node)
+            if act is None or not isinstance(act[1], torch.fx.Node) or not _single_use(act[1], node):
+                continue
+            kind, lin_node = act
+            lin = self._linear(lin_node)
+            if lin is None:
+                continue
+            chain = [lin_node, node]
+            if not _no_intervening_writes(lin_node, node, set(chain), [lin["input"], lin["weight"], lin["bias"]]):
+                continue
+            self.replace(node, chain, _ops.custom_linear_act.default,
+                         (lin["input"], lin["weight"], lin["bias"], kind, []))
             count += 1
         return count
 
@@ -703,6 +729,7 @@ _PASSES: Dict[str, Callable[[_Rewriter], int]] = {
     "conv_relu_add": _Rewriter.conv_relu_add,
     "conv_add_act": _Rewriter.conv_add_act,
     "linear_add_relu": _Rewriter.linear_add_relu,
+    "linear_act": _Rewriter.linear_act,
     "batch_norm_add_div_swish": _Rewriter.batch_norm_add_div_swish,
     "relu": _Rewriter.relu,
 }

@@ -364,7 +364,10 @@ def test_wgan_gp_gradient_penalty_matches_the_original():
     torch.manual_seed(5)
     critic = Critic().double()
     original = torch.jit.script(critic)
-    optimized = torchfuse.optimize(original, passes=torchfuse.pass_names())
+    # NB: without linear_act, which would take linear -> relu from custom_relu
+    # (whose double backward this checks); its own is eager's chain.
+    passes = [n for n in torchfuse.pass_names() if n != "linear_act"]
+    optimized = torchfuse.optimize(original, passes=passes)
     assert fused_ops(optimized) == {"torchfuse::custom_linear_add_relu", "torchfuse::custom_relu"}
     x = signed(16, 6, requires_grad=True)
 

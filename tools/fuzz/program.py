@@ -498,6 +498,22 @@ class Generator:
 
         return self.chain(build)
 
+    def chain_linear_act(self) -> Optional[Var]:
+        """linear_act's forms: linear -> act, 2-D and 3-D (batch, tokens,
+        features) inputs, the activations and spellings conv_add_act's
+        vocabulary draws (activation(): their near-misses included), and the
+        near-misses of a chain: the linear output used twice (extra_use), an
+        input written in between (maybe_interfere), a linear alone."""
+        def build(x):
+            y = self.linear(x, out_features=x.shape[-1] if self.chance(0.4) else None)
+            if self.chance(0.05):
+                return y
+            self.extra_use(y)
+            self.maybe_interfere([x.name])
+            return self.activation(y, fresh=True)
+
+        return self.chain(build)
+
     def chain_conv(self) -> Optional[Var]:
         def build(x):
             c = self.conv(x, same_shape=self.chance(0.5))
@@ -734,6 +750,7 @@ class Generator:
             (self.chain_conv, 5),
             (self.chain_batch_norm, 5),
             (self.chain_conv_add_act, 6),
+            (self.chain_linear_act, 4),
             (self.standalone_relu, 3),
             (self.elementwise, 3),
             (self.inplace, 1.5),

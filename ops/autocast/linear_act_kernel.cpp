@@ -1,0 +1,36 @@
+#include <ATen/ATen.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/library.h>
+
+#include "ops/common/autocast.h"
+#include "ops/linear_act.h"
+
+namespace torchfuse::ops {
+namespace {
+
+// The original chain under autocast: linear in the lower-precision dtype
+// (input, weight and bias cast, by TorchScript's autocast pass where it runs
+// and by eager autocast), then the activation on its result, which neither
+// casts: the op in the lower-precision dtype.
+template <c10::DeviceType device>
+at::Tensor linearActAutocast(const LinearActArgs& a) {
+  const ChainAutocast casts(device);
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  const auto x = casts.reduced(a.input);
+  const auto w = casts.reduced(a.weight);
+  const auto b = casts.reduced(a.bias);
+  return linearAct({x, w, b, a.activation, a.activation_args});
+}
+
+} // namespace
+} // namespace torchfuse::ops
+
+TORCH_LIBRARY_IMPL(torchfuse, AutocastCPU, m) {
+  using namespace torchfuse::ops;
+  registerLinearAct<linearActAutocast<c10::DeviceType::CPU>>(m);
+}
+
+TORCH_LIBRARY_IMPL(torchfuse, AutocastCUDA, m) {
+  using namespace torchfuse::ops;
+  registerLinearAct<linearActAutocast<c10::DeviceType::CUDA>>(m);
+}
