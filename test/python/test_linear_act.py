@@ -363,7 +363,7 @@ def test_cuda_nan_inf_fallbacks_and_empty():
         assert got.isnan().any(), act  # relu(NaN) stays NaN (not cuBLASLt's RELU epilogue)
     # non-contiguous input and float64 take the composite
     xt = signed(16, 8, device="cuda").t()
-    torch.testing.assert_close(op(xt, w, b, "silu", []), F.silu(F.linear(xt, w, b)))
+    torch.testing.assert_close(op(xt, w, b, "silu", []), F.silu(F.linear(xt, w, b)), equal_nan=True)
     x64, w64, b64 = x.double(), w.double(), b.double()
     torch.testing.assert_close(op(x64, w64, b64, "relu", []), F.relu(F.linear(x64, w64, b64)), equal_nan=True)
     empty = op(x[:0], w, b, "relu", [])
