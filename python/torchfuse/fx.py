@@ -62,6 +62,9 @@ _BN_TORCH = ["input", "weight", "bias", "running_mean", "running_var", "training
 _BN_FUNCTIONAL = ["input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"]
 _BN_DEFAULTS = dict(weight=None, bias=None, training=False, momentum=0.1, eps=1e-5)
 
+_POOL = ["input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices"]
+_POOL_DEFAULTS = dict(stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False)
+
 # Dynamo's targets: (kind, in place, parameter names, defaults).  Tensor
 # methods are keyed by name; their first parameter is the tensor.
 _F = torch.nn.functional
@@ -88,6 +91,8 @@ _TORCH_TARGETS.update({
     torch.mul: ("mul", False, ["input", "other"], {}),
     operator.imul: ("mul", True, ["input", "other"], {}),
     _F.silu: ("silu", None, ["input", "inplace"], dict(inplace=False)),
+    torch.max_pool2d: ("max_pool", False, _POOL[:-1], _POOL_DEFAULTS),
+    _F.max_pool2d: ("max_pool", False, _POOL, _POOL_DEFAULTS),
 })
 _METHOD_TARGETS = {
     "relu": ("relu", False, ["input"], {}),
@@ -121,6 +126,7 @@ _ATEN_TARGETS = {
     _aten.mul_.Tensor: ("mul", True),
     _aten.silu.default: ("silu", False),
     _aten.silu_.default: ("silu", True),
+    _aten.max_pool2d.default: ("max_pool", False),
 }
 
 
@@ -158,6 +164,10 @@ def _module_call(node: torch.fx.Node, root) -> Optional[_Call]:
         return _Call("silu", mod.inplace, dict(input=x))
     if type(mod) is nn.Sigmoid:
         return _Call("sigmoid", False, dict(input=x))
+    if type(mod) is nn.MaxPool2d:
+        return _Call("max_pool", False, dict(input=x, kernel_size=mod.kernel_size, stride=mod.stride,
+                                             padding=mod.padding, dilation=mod.dilation, ceil_mode=mod.ceil_mode,
+                                             return_indices=mod.return_indices))
     return None
 
 
@@ -498,6 +508,42 @@ class _Rewriter:
                 count += 1
         return count
 
+    def conv_act_max_pool(self) -> int:
+        """conv -> [relu | silu | sigmoid] -> max_pool2d (isMaxPool2d: int
+        lists, no indices); runs before conv_add_act (the registry's order)."""
+        count = 0
+        for node in list(self.graph.nodes):
+            pool = self.call(node, "max_pool")
+            if pool is None or pool.args.get("return_indices") is not False:
+                continue
+            a = pool.args
+            stride = [] if a.get("stride") is None else _int_list(a["stride"])
+            lists = [_int_list(a.get(k)) for k in ("kernel_size", "padding", "dilation")]
+            x = a.get("input")
+            if stride is None or any(v is None for v in lists) or not isinstance(a.get("ceil_mode"), bool):
+                continue
+            if not isinstance(x, torch.fx.Node) or not _single_use(x, node):
+                continue
+            act, chain, conv = self._activation(x), [x, node], None
+            if act is not None:
+                if isinstance(act[1], torch.fx.Node) and _single_use(act[1], x):
+                    conv = self._conv(act[1])
+                    chain = [act[1], x, node]
+            else:
+                conv = self._conv(x)
+            if conv is None:
+                continue
+            inputs = [conv["input"], conv["weight"], conv["bias"]]
+            if not _no_intervening_writes(chain[0], node, set(chain), inputs):
+                continue
+            k, p, d = lists
+            self.replace(node, chain, _ops.custom_conv_act_max_pool.default,
+                         (conv["input"], conv["weight"], conv["bias"], conv["stride"], conv["padding"],
+                          conv["dilation"], conv["groups"], act[0] if act else "none", [], k, stride, p, d,
+                          a["ceil_mode"]))
+            count += 1
+        return count
+
     def _activation(self, node):
         for kind in ("relu", "silu", "sigmoid"):
             c = self.call(node, kind)
@@ -727,6 +773,7 @@ class _Rewriter:
 
 _PASSES: Dict[str, Callable[[_Rewriter], int]] = {
     "conv_relu_add": _Rewriter.conv_relu_add,
+    "conv_act_max_pool": _Rewriter.conv_act_max_pool,
     "conv_add_act": _Rewriter.conv_add_act,
     "linear_add_relu": _Rewriter.linear_add_relu,
     "linear_act": _Rewriter.linear_act,

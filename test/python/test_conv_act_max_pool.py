@@ -237,3 +237,23 @@ def test_cuda_nan_inf_empty_and_ambiguous_layouts():
         want = F.max_pool2d(conv.relu_() if act == "relu_" else F.relu(conv), 2)
         assert got.stride() == want.stride(), act
         torch.testing.assert_close(got, want)
+
+
+def test_fx_rewrite_matches_the_module():
+    import torchfuse.fx
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.pool = nn.Conv2d(3, 4, 3, padding=1), nn.MaxPool2d(2)
+
+        def forward(self, x):
+            return self.pool(F.relu(self.conv(x))), F.max_pool2d(torch.sigmoid(self.conv(x)), 3, 2, 1)
+
+    torch.manual_seed(9)
+    model = M().eval()
+    gm = torchfuse.fx.optimize(torch.fx.symbolic_trace(model))
+    assert torchfuse.fx.report(gm)["conv_act_max_pool"] == 2
+    x = signed(2, 3, 9, 9)
+    for got, want in zip(gm(x), model.double()(x.double())):
+        torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
