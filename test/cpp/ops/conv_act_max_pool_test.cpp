@@ -26,30 +26,15 @@ TEST(ConvActMaxPoolOp, MatchesTheFloat64ChainOnCpu) {
       {{3, 3}, {2, 2}, {1, 1}, {1, 1}, false},
       {{3, 2}, {2, 1}, {1, 0}, {2, 1}, true},
   };
-  const std::vector<std::tuple<const char*, std::vector<double>>> acts = {
-      {"none", {}}, {"relu_", {}}, {"hardtanh", {-0.5, 1.5}},
-      {"silu", {}}, {"gelu", {}},  {"leaky_relu_", {0.2}}};
-  for (const auto& [act, args] : acts) {
+  for (const auto& act : activations()) {
     for (const auto& p : pools) {
       const auto out = custom_conv_act_max_pool(
-          x, w, b, {1}, {1}, {1}, 2, act, args, p.k, p.s, p.p, p.d, p.ceil);
-      auto t =
-          at::conv2d(x.to(at::kDouble), w.to(at::kDouble), b.to(at::kDouble), {1}, {1}, {1}, 2);
-      const std::string name = act;
-      if (name.rfind("relu", 0) == 0) {
-        t = at::relu(t);
-      } else if (name == "hardtanh") {
-        t = at::hardtanh(t, -0.5, 1.5);
-      } else if (name == "silu") {
-        t = at::silu(t);
-      } else if (name == "gelu") {
-        t = at::gelu(t);
-      } else if (name.rfind("leaky_relu", 0) == 0) {
-        t = at::leaky_relu(t, 0.2);
-      }
+          x, w, b, {1}, {1}, {1}, 2, act.name, act.args, p.k, p.s, p.p, p.d, p.ceil);
+      const auto t = act.eager(
+          at::conv2d(x.to(at::kDouble), w.to(at::kDouble), b.to(at::kDouble), {1}, {1}, {1}, 2));
       const auto ref = at::max_pool2d(t, p.k, p.s, p.p, p.d, p.ceil);
-      ASSERT_EQ(out.sizes(), ref.sizes()) << act;
-      expectClose(out, ref.to(at::kFloat), act);
+      ASSERT_EQ(out.sizes(), ref.sizes()) << act.name;
+      expectClose(out, ref.to(at::kFloat), act.name);
     }
   }
 }

@@ -216,4 +216,29 @@ inline void expectDoubleBackwardMatchesReference(
   }
 }
 
+// The activations custom_conv_add_act, custom_conv_act_max_pool and
+// custom_linear_act take, with their arguments and eager's op.
+struct Act {
+  const char* name;
+  std::vector<double> args;
+  std::function<at::Tensor(const at::Tensor&)> eager;
+};
+
+inline const std::vector<Act>& activations() {
+  static const std::vector<Act> acts = {
+      {"none", {}, [](const at::Tensor& t) { return t; }},
+      {"relu", {}, [](const at::Tensor& t) { return at::relu(t); }},
+      {"relu_", {}, [](const at::Tensor& t) { return at::relu(t); }},
+      {"hardtanh", {-0.5, 1.5}, [](const at::Tensor& t) { return at::hardtanh(t, -0.5, 1.5); }},
+      {"silu", {}, [](const at::Tensor& t) { return at::silu(t); }},
+      {"hardswish", {}, [](const at::Tensor& t) { return at::hardswish(t); }},
+      {"hardsigmoid", {}, [](const at::Tensor& t) { return at::hardsigmoid(t); }},
+      {"sigmoid", {}, [](const at::Tensor& t) { return at::sigmoid(t); }},
+      {"gelu", {}, [](const at::Tensor& t) { return at::gelu(t, "none"); }},
+      {"gelu_tanh", {}, [](const at::Tensor& t) { return at::gelu(t, "tanh"); }},
+      {"leaky_relu", {0.2}, [](const at::Tensor& t) { return at::leaky_relu(t, 0.2); }},
+  };
+  return acts;
+}
+
 } // namespace torchfuse::test
