@@ -83,17 +83,6 @@ bool mayHoldTensor(const Value* v) {
       t->isSubtypeOf(*c10::ListType::ofOptionalTensors()) || t->kind() == c10::TypeKind::AnyType;
 }
 
-std::optional<at::Tensor> constantTensor(const Value* v) {
-  if (v->node()->kind() != c10::prim::Constant) {
-    return std::nullopt;
-  }
-  const auto iv = torch::jit::toIValue(v);
-  if (!iv || !iv->isTensor() || !iv->toTensor().defined()) {
-    return std::nullopt;
-  }
-  return iv->toTensor();
-}
-
 bool isNoneConstant(const Value* v) {
   return v->type()->kind() == c10::TypeKind::NoneType;
 }

@@ -39,11 +39,6 @@ constexpr size_t kOther = 7;
 constexpr size_t kAlpha = 8;
 constexpr size_t kOpInputs = 12;
 
-bool hasSchema(const Node* n, std::string_view name, std::string_view overload) {
-  const auto* schema = n->maybeSchema();
-  return schema != nullptr && schema->name() == name && schema->overload_name() == overload;
-}
-
 bool isConvAddAct(const Node* n) {
   return n->kind() == c10::Symbol::fromQualString("torchfuse::custom_conv_add_act") &&
       n->inputs().size() == kOpInputs && n->outputs().size() == 1;
@@ -60,14 +55,6 @@ bool isBiasedConv(const Node* n) {
   }
   return hasSchema(n, "aten::_convolution", "") && n->inputs().size() == 13 &&
       constantBool(n->input(6)) == false;
-}
-
-std::optional<at::Tensor> constantTensor(const Value* v) {
-  const auto iv = torch::jit::toIValue(v);
-  if (iv && iv->isTensor() && iv->toTensor().defined()) {
-    return iv->toTensor();
-  }
-  return std::nullopt;
 }
 
 // The number of spatial dims of the convolution `n` computes: from the op

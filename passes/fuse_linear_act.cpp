@@ -39,23 +39,14 @@ namespace {
 constexpr const char* kOp = "torchfuse::custom_linear_act";
 
 bool isMatmul(const Node* n) {
-  const auto* schema = n->maybeSchema();
-  return schema != nullptr && schema->name() == "aten::matmul" && schema->overload_name().empty() &&
-      n->inputs().size() == 2 && isTensor(n->input(0)) && isTensor(n->input(1));
-}
-
-std::optional<at::Tensor> constantTensor(const Value* v) {
-  const auto iv = torch::jit::toIValue(v);
-  if (!iv || !iv->isTensor()) {
-    return std::nullopt;
-  }
-  return iv->toTensor();
+  return hasSchema(n, "aten::matmul", "") && n->inputs().size() == 2 && isTensor(n->input(0)) &&
+      isTensor(n->input(1));
 }
 
 // matmul(x, Wt) is linear(x, Wtᵀ) for every x when Wt is a 2-D constant.
 bool matmulWeightIsConstantMatrix(const Node* matmul) {
   const auto w = constantTensor(matmul->input(1));
-  return w && w->defined() && w->dim() == 2 && w->layout() == at::kStrided && !w->is_quantized() &&
+  return w && w->dim() == 2 && w->layout() == at::kStrided && !w->is_quantized() &&
       !w->requires_grad();
 }
 

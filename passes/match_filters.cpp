@@ -18,15 +18,13 @@ using c10::NoneType;
 using c10::OptionalType;
 using c10::TensorType;
 
-namespace {
-
-// The node's resolved schema is `name` with overload `overload`.  Nodes the
-// JIT cannot resolve (unknown op, mismatched input types) have no schema.
 bool hasSchema(const Node* n, std::string_view name, std::string_view overload) {
   const auto* schema = n->maybeSchema();
   return schema != nullptr && schema->name() == name &&
       schema->overload_name() == overload;
 }
+
+namespace {
 
 bool isIntOrFloat(const Value* v) {
   return v->type()->kind() == c10::TypeKind::IntType ||
@@ -244,6 +242,14 @@ bool divisorIsNonZero(const Value* divisor) {
     return iv->toDouble() != 0.0;
   }
   return false;
+}
+
+std::optional<at::Tensor> constantTensor(const Value* v) {
+  const auto iv = torch::jit::toIValue(v);
+  if (!iv || !iv->isTensor() || !iv->toTensor().defined()) {
+    return std::nullopt;
+  }
+  return iv->toTensor();
 }
 
 std::optional<bool> constantBool(const Value* v) {

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
@@ -30,6 +31,9 @@ using torch::jit::Value;
 // their rounding_mode forms, aten::conv2d covers the `padding: str` overload.
 // These look at the resolved schema, so nodes without one never match.
 
+// The node's resolved schema is `name` with overload `overload`.  Nodes the
+// JIT cannot resolve (unknown op, mismatched input types) have no schema.
+bool hasSchema(const Node* n, std::string_view name, std::string_view overload);
 // aten::relu(Tensor) or, with allow_inplace, aten::relu_(Tensor(a!)).
 bool isRelu(const Node* n, bool allow_inplace = true);
 // aten::add.Tensor / aten::add_.Tensor with a Tensor `other` and an int or
@@ -94,6 +98,8 @@ bool alphaIsOne(const Value* alpha);
 bool divisorIsNonZero(const Value* divisor);
 // Constant bool, if the value is one.
 std::optional<bool> constantBool(const Value* v);
+// The defined tensor a constant holds (a frozen graph's parameters).
+std::optional<at::Tensor> constantTensor(const Value* v);
 
 // ---- graph structure --------------------------------------------------------
 
