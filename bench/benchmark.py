@@ -61,6 +61,11 @@ PHASES = [
     ["compile"],
     ["compile_max_autotune"],
 ]
+# Do no harm: torchfuse and the modules it is measured against, timed in
+# alternating rounds within one unit, so that drift of the machine between
+# units (host load, clocks) falls on all of them alike.
+INTERLEAVED = ("eager", "torchscript", "torchfuse")
+INTERLEAVED_ROUNDS = 6
 # Seconds a unit needs at least before it is started (compile time).
 MIN_SECONDS = {"compile": 45.0, "compile_max_autotune": 90.0}
 DEFAULT_MIN_SECONDS = 5.0
@@ -562,23 +567,71 @@ class Bench:
         print(f"  {wl.name:22s} {v:24s} {p:6s} median {row['median_ms']:10.4f} ms "
               f"(min {row['min_ms']:.4f}, max {row['max_ms']:.4f}, n={row['reps']}) err {err_s}{flag}", flush=True)
 
-    def _measure(self, u: Unit, xs: list[torch.Tensor]) -> dict:
-        wl, v, p = u.wl, u.variant, u.pass_
-        train = v != "optimize_for_inference"
-        # reference: eager on an identically initialised model
-        ref_model = self.seeded_model(wl).train(train)
-        model = self.seeded_model(wl).train(train)
-        fn, notes = self.make_variant(u, model)
-        x0 = xs[0]
-        gy = None
-        if p == "fwdbwd":
-            g = torch.Generator(device=self.device)
-            g.manual_seed(7)
-            with torch.no_grad():
-                shape = ref_model(x0.detach()).shape
-            gy = torch.randn(shape, device=self.device, generator=g)
+    def run_interleaved(self, wl: Workload, p: str) -> None:
+        """torchfuse against eager and TorchScript (do no harm), all three
+        alive and warmed up alike (the profiling executor's runs included),
+        timed in INTERLEAVED_ROUNDS rounds whose order rotates."""
+        remaining = self.deadline - time.monotonic()
+        if remaining < 3 * DEFAULT_MIN_SECONDS:
+            self.results["skipped"].append({"workload": wl.name, "variant": "interleaved", "pass": p,
+                                            "reason": f"budget: {remaining:.0f} s left", "failure": False})
+            return
+        xs = self.inputs(wl, p)
+        t0 = time.perf_counter()
+        try:
+            with time_limit(min(self.args.unit_timeout_s, remaining - 1.0)), matmul_tf32(wl.tf32):
+                runs = {}
+                gy = None
+                for v in INTERLEAVED:
+                    model = self.seeded_model(wl).train(True)
+                    fn, _ = self.make_variant(Unit(wl, v, p), model)
+                    if p == "fwdbwd" and gy is None:
+                        gy = self.grad_output(model, xs[0])
+                    runs[v] = self.stepper(fn, fn if isinstance(fn, nn.Module) else model, xs, p, gy)
+                warm = max(self.args.warmup, torch._C._jit_get_num_profiled_runs() + 2)
+                for step, reset in runs.values():
+                    self.timer.measure(step, reset, warm, 0, 0.0)
+                times: dict = {v: [] for v in INTERLEAVED}
+                rounds = 2 if self.args.dry_run else INTERLEAVED_ROUNDS
+                for r in range(rounds):
+                    for k in range(len(INTERLEAVED)):
+                        v = INTERLEAVED[(r + k) % len(INTERLEAVED)]
+                        step, reset = runs[v]
+                        times[v] += self.timer.measure(step, reset, 1, max(1, self.args.reps // 2),
+                                                       self.args.target_s / 2)
+        except Exception as e:  # noqa: BLE001 - record and go on
+            last = traceback.format_exception_only(type(e), e)[-1].strip()
+            self.results["skipped"].append({"workload": wl.name, "variant": "interleaved", "pass": p,
+                                            "reason": f"failed: {last[:400]}", "failure": True})
+            self.failures.append(f"{wl.name}/interleaved/{p}: {last[:400]}")
+            self.save()
+            return
+        finally:
+            runs = xs = None
+            free_memory()
+        med = {v: statistics.median(t) for v, t in times.items()}
+        row = {"workload": wl.name, "pass": p, "rounds": rounds, "median_ms": med,
+               "reps": {v: len(t) for v, t in times.items()},
+               "torchfuse_speedup": {v: med[v] / med["torchfuse"] for v in INTERLEAVED if v != "torchfuse"},
+               "setup_and_measure_s": round(time.perf_counter() - t0, 2)}
+        self.results["interleaved"].append(row)
+        self.save()
+        print(f"  {wl.name:22s} {'interleaved':24s} {p:6s} " +
+              ", ".join(f"{v} {med[v]:.4f}" for v in INTERLEAVED) + " ms; torchfuse " +
+              ", ".join(f"{s:.3f}x {v}" for v, s in row["torchfuse_speedup"].items()), flush=True)
 
-        owner = fn if isinstance(fn, nn.Module) else model
+    def grad_output(self, model: nn.Module, x0: torch.Tensor) -> torch.Tensor:
+        """The fixed random gradient that fwdbwd feeds the output."""
+        g = torch.Generator(device=self.device)
+        g.manual_seed(7)
+        with torch.no_grad():
+            shape = model(x0.detach()).shape
+        return torch.randn(shape, device=self.device, generator=g)
+
+    @staticmethod
+    def stepper(fn, owner, xs: list[torch.Tensor], p: str, gy):
+        """step(i) runs fn on the i-th rotated input (forward, or forward and
+        backward of gy); reset() drops the gradients the last step left."""
         params = [q for q in owner.parameters() if q.requires_grad]
 
         def reset():
@@ -595,6 +648,19 @@ class Bench:
         else:
             def step(i):
                 fn(xs[i % len(xs)]).backward(gy)
+        return step, reset
+
+    def _measure(self, u: Unit, xs: list[torch.Tensor]) -> dict:
+        wl, v, p = u.wl, u.variant, u.pass_
+        train = v != "optimize_for_inference"
+        # reference: eager on an identically initialised model
+        ref_model = self.seeded_model(wl).train(train)
+        model = self.seeded_model(wl).train(train)
+        fn, notes = self.make_variant(u, model)
+        x0 = xs[0]
+        gy = self.grad_output(ref_model, x0) if p == "fwdbwd" else None
+        owner = fn if isinstance(fn, nn.Module) else model
+        step, reset = self.stepper(fn, owner, xs, p, gy)
 
         # warm-up (compiles, profiles: the profiling executor needs 2 calls)
         warmup = self.args.warmup
@@ -781,6 +847,7 @@ def main(argv=None) -> int:
         "ceilings": {},
         "workloads": {},
         "rows": [],
+        "interleaved": [],
         "skipped": [],
     }
     bench = Bench(args, device, timer, results, paths, deadline)
@@ -812,6 +879,10 @@ def main(argv=None) -> int:
                         continue
                     bench.run_unit(Unit(wls[n], v, p))
             free_memory()
+        if phase is PHASES[0] and all(v in variants for v in INTERLEAVED):
+            for n in names:
+                for p in passes:
+                    bench.run_interleaved(wls[n], p)
 
     results["elapsed_s"] = round(time.monotonic() - start, 1)
     results["failures"] = bench.failures

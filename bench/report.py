@@ -25,6 +25,8 @@ SHORT_NAMES = {"eager": "eager", "bare_gemm": "gemm", "torchscript": "script", "
                "compile": "compile", "compile_max_autotune": "c-maxat", "torchfuse": "torchfuse"}
 # bare_gemm is a reference row (the GEMM alone), not an implementation of the workload
 NOT_COMPETITORS = {"bare_gemm"}
+# do no harm: torchfuse at least this fraction of the speed of what it replaces
+HARM_FLOOR = 0.98
 
 
 def load(path: str) -> dict:
@@ -188,6 +190,27 @@ def markdown(data: dict, json_path: str, cmdline: str, png_rel: str = "performan
         add(f"![torchfuse speedups]({png_rel})")
         add("")
 
+    inter = data.get("interleaved", [])
+    if inter:
+        add("## Do no harm: torchfuse against eager and TorchScript, interleaved")
+        add("")
+        add(f"eager, TorchScript (NNC on) and torchfuse alive together, warmed up alike, timed in "
+            f"{inter[0].get('rounds', '?')} alternating rounds; medians of every run of each. Ratio: the other's "
+            f"median over torchfuse's (> 1: torchfuse is faster). The do-no-harm target is ≥ {HARM_FLOOR}× "
+            "both; **bold** rows miss it.")
+        add("")
+        add("| Workload | Pass | eager ms | TorchScript ms | torchfuse ms | vs eager | vs TorchScript |")
+        add("|---|---|---|---|---|---|---|")
+        for r in inter:
+            m, sp = r["median_ms"], r["torchfuse_speedup"]
+            miss = min(sp.values()) < HARM_FLOOR
+            e, t = (f"{sp[k]:.2f}×" for k in ("eager", "torchscript"))
+            if miss:
+                e, t = f"**{e}**", f"**{t}**"
+            add(f"| {r['workload']} | {r['pass']} | {fmt_ms(m['eager'])} | {fmt_ms(m['torchscript'])} | "
+                f"{fmt_ms(m['torchfuse'])} | {e} | {t} |")
+        add("")
+
     tl = tails(data, idx)
     if tl:
         add("## Fused tails")
@@ -340,6 +363,11 @@ def short_table(data: dict) -> str:
     for w, p, gm, e, t in tails(data, idx):
         out.append(f"tail {w} {p}: eager {fmt_ms(e)}, torchfuse {fmt_ms(t)} ms (ratio {tail_ratio(e, t)}; "
                    f"bare GEMM {fmt_ms(gm)})")
+    for r in data.get("interleaved", []):
+        sp = r["torchfuse_speedup"]
+        flag = "  < " + str(HARM_FLOOR) if min(sp.values()) < HARM_FLOOR else ""
+        out.append(f"interleaved {r['workload']} {r['pass']}: torchfuse {sp['eager']:.2f}x eager, "
+                   f"{sp['torchscript']:.2f}x TorchScript{flag}")
     c = data.get("ceilings", {})
     out.append(f"ceilings: copy {c.get('copy_GBps', 0):.0f} GB/s, fp32 {c.get('fp32_matmul_TFLOPs', 0):.1f}, "
                f"tf32 {c.get('tf32_matmul_TFLOPs', 0):.1f} TFLOP/s; '!' = wrong result; tf/best = best other / torchfuse")
