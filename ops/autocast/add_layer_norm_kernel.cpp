@@ -24,26 +24,32 @@ bool lowerPrecision(const at::Tensor& t) {
   return t.defined() && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16);
 }
 
-// The original chain under autocast.  add has no autocast policy; where
-// TorchScript's autocast pass runs it casts add's and layer_norm's
-// float16/bfloat16 inputs to float32 (ChainAutocast::full).  layer_norm has
-// a float32 policy on CUDA and none on CPU.  Where that policy would cast a
-// tensor, the normalized result is float32 while the sum keeps its dtype,
-// which the op cannot return: the chain then runs as ATen ops, with
-// layer_norm through the dispatcher's autocast, so the dtypes are eager's.
+// The original chain under autocast.  add has no autocast policy.  Where
+// TorchScript's autocast pass runs (ChainAutocast::full), it casts the
+// float16/bfloat16 inputs of add (not of add_) and of layer_norm (the sum,
+// weight and bias) to float32.  Eager autocast's layer_norm policy is
+// float32 on CUDA and none on CPU (layerNormAutocasts).  Where either would
+// cast the sum for the norm, the normalized result is float32 while the sum
+// keeps its dtype, which the op cannot return: the chain then runs as ATen
+// ops, layer_norm through the dispatcher's autocast, so that every dtype is
+// the chain's.
 template <c10::DeviceType device>
 AddLayerNormResult addLayerNormAutocast(const AddLayerNormArgs& a) {
   const ChainAutocast casts(device);
-  const auto x = casts.full(a.input);
-  const auto o = casts.full(a.other);
+  const auto x = a.promote ? casts.full(a.input) : a.input;
+  const auto o = a.promote ? casts.full(a.other) : a.other;
   const auto w = a.weight && a.weight->defined() ? std::optional(casts.full(*a.weight)) : a.weight;
   const auto b = a.bias && a.bias->defined() ? std::optional(casts.full(*a.bias)) : a.bias;
   const AddLayerNormArgs cast{x, o, a.alpha, a.promote, a.normalized_shape, w, b, a.eps,
                               a.write_sum};
-  const bool ln_casts = layerNormAutocasts(device) &&
-      (lowerPrecision(x) || lowerPrecision(o) || (w && lowerPrecision(*w)) ||
-       (b && lowerPrecision(*b)));
-  if (!ln_casts) {
+  const auto sum_dtype = a.promote ? at::result_type(x, o) : x.scalar_type();
+  const bool sum_lower = sum_dtype == at::kHalf || sum_dtype == at::kBFloat16;
+  // NB: after the pass's casts of add's inputs only add_'s sum can still be
+  // float16/bfloat16 (a fresh tensor of that dtype).
+  const bool jit_casts_sum = !a.promote && casts.fullCasts(x);
+  const bool policy_casts = layerNormAutocasts(device) &&
+      (sum_lower || (w && lowerPrecision(*w)) || (b && lowerPrecision(*b)));
+  if (!jit_casts_sum && !policy_casts) {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     return addLayerNorm(cast);
   }
@@ -54,7 +60,7 @@ AddLayerNormResult addLayerNormAutocast(const AddLayerNormArgs& a) {
     sum = a.promote ? at::add(x, o, a.alpha) : x.clone().add_(o, a.alpha);
   }
   // NB: with the autocast keys on: layer_norm's own policy casts.
-  auto normalized = at::layer_norm(sum, a.normalized_shape, w, b, a.eps);
+  auto normalized = at::layer_norm(casts.full(sum), a.normalized_shape, w, b, a.eps);
   return {std::move(normalized), a.write_sum ? sum : emptySum(sum)};
 }
 

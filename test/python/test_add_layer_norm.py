@@ -143,12 +143,15 @@ def jit_autocast(enabled):
         torch._C._jit_set_autocast_mode(old)
 
 
-def scripted_chain():
+def scripted_chain(promote):
     """A new scripted function: the graph executor keeps the graph it first
-    optimized for an autocast state, TorchScript's pass included or not."""
-    cu = torch.jit.CompilationUnit("""
+    optimized for an autocast state, TorchScript's pass included or not.
+    promote=False: add_ into a fresh tensor (a clone, which the pass does
+    not cast)."""
+    add = "s = x + y" if promote else "s = x.clone()\n    s.add_(y)"
+    cu = torch.jit.CompilationUnit(f"""
 def chain(x, y, w, b):
-    s = x + y
+    {add}
     return torch.layer_norm(s, [8], w, b, 1e-5), s
 """)
     return cu.chain
@@ -157,7 +160,8 @@ def chain(x, y, w, b):
 @pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
                                     (torch.bfloat16, torch.float32)])
 @pytest.mark.parametrize("jit_pass", [True, False])
-def test_autocast_dtypes_are_the_chains(dtypes, jit_pass):
+@pytest.mark.parametrize("promote", [True, False])
+def test_autocast_dtypes_are_the_chains(dtypes, jit_pass, promote):
     """Under CPU autocast (bfloat16) the op gives the scripted chain's dtypes
     and values: with TorchScript's autocast pass (the default), add's and
     layer_norm's inputs cast to float32; without it, eager's (CPU autocast
@@ -165,16 +169,17 @@ def test_autocast_dtypes_are_the_chains(dtypes, jit_pass):
     x, y = signed(4, 8, dtype=dtypes[0]), signed(4, 8, dtype=dtypes[0])
     w, b = signed(8, dtype=dtypes[1]), signed(8, dtype=dtypes[1])
     with jit_autocast(jit_pass), torch.autocast("cpu", dtype=torch.bfloat16):
-        out, s = op(x, y, 1, True, [8], w, b, 1e-5, True)
-        chain = scripted_chain()
+        out, s = op(x, y, 1, promote, [8], w, b, 1e-5, True)
+        chain = scripted_chain(promote)
         for _ in range(3):  # the profiling executor optimizes the graph from the second run on
             want, want_s = chain(x, y, w, b)
-        eager_out, eager_s = eager(x, y, 1, [8], w, b)
+        eager_out, eager_s = eager(x, y, 1, [8], w, b, promote=promote)
     assert (out.dtype, s.dtype) == (want.dtype, want_s.dtype)
     if not jit_pass:
         assert (out.dtype, s.dtype) == (eager_out.dtype, eager_s.dtype) == (dtypes[0], dtypes[0])
     elif dtypes[0] == torch.bfloat16:
-        assert out.dtype == s.dtype == torch.float32
+        # the pass casts add's inputs, not add_'s; and layer_norm's input
+        assert (out.dtype, s.dtype) == (torch.float32, torch.float32 if promote else torch.bfloat16)
     torch.testing.assert_close(out, want)
     torch.testing.assert_close(s, want_s)
 
