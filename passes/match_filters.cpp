@@ -59,6 +59,13 @@ bool isLinear(const Node* n) {
       isOptionalTensorArg(n->input(2));
 }
 
+bool isLayerNorm(const Node* n) {
+  return hasSchema(n, "aten::layer_norm", "") && n->inputs().size() == 6 &&
+      isTensor(n->input(0)) && isIntList(n->input(1)) &&
+      isOptionalTensorArg(n->input(2)) && isOptionalTensorArg(n->input(3)) &&
+      n->input(4)->type()->kind() == c10::TypeKind::FloatType;
+}
+
 bool isIntListConv(const Node* n) {
   const bool conv = hasSchema(n, "aten::conv1d", "") ||
       hasSchema(n, "aten::conv2d", "") || hasSchema(n, "aten::conv3d", "");

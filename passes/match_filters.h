@@ -45,6 +45,9 @@ bool isTensorAdd(const Node* n, bool allow_inplace = true);
 bool addPromotes(const Node* n);
 // aten::linear(Tensor input, Tensor weight, Tensor? bias).
 bool isLinear(const Node* n);
+// aten::layer_norm(Tensor input, int[] normalized_shape, Tensor? weight,
+// Tensor? bias, float eps, bool cudnn_enable).
+bool isLayerNorm(const Node* n);
 // aten::conv{1,2,3}d with int-list stride/padding/dilation (not .padding).
 bool isIntListConv(const Node* n);
 // aten::max_pool2d with int-list kernel_size, stride, padding and dilation

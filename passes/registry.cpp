@@ -47,6 +47,14 @@ const std::vector<Fusion>& fusions() {
        {"torchfuse::custom_linear_act"},
        &passes::FuseLinearAct,
        true},
+      // NB: last of the chains: it takes only add -> layer_norm, and leaves
+      // every chain that ends in an add (conv -> add, conv -> relu -> add)
+      // to its own fusion.
+      {"add_layer_norm",
+       "add → layer_norm (the sum also returned where other ops read it)",
+       {"torchfuse::custom_add_layer_norm"},
+       &passes::FuseAddLayerNorm,
+       true},
       {"relu",
        "a standalone relu",
        {"torchfuse::custom_relu"},

@@ -9,6 +9,7 @@
 #include <c10/util/string_view.h>
 
 #include <optional>
+#include <tuple>
 
 #include "torchfuse/export.h"
 
@@ -83,6 +84,20 @@ TORCHFUSE_API at::Tensor custom_linear_act(
     const std::optional<at::Tensor>& bias,
     c10::string_view activation,
     at::ArrayRef<double> activation_args);
+
+// s = input + alpha * other (add's promoted dtype when promote, else
+// input's, as add_ into input); returns (layer_norm(s, normalized_shape,
+// weight, bias, eps), s), the second an empty tensor unless write_sum.
+TORCHFUSE_API std::tuple<at::Tensor, at::Tensor> custom_add_layer_norm(
+    const at::Tensor& input,
+    const at::Tensor& other,
+    const c10::Scalar& alpha,
+    bool promote,
+    at::IntArrayRef normalized_shape,
+    const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& bias,
+    double eps,
+    bool write_sum);
 
 // t = (batch_norm(input, ...) + other) / divisor; t * sigmoid(t).
 // In training mode running_mean and running_var are updated in place.

@@ -33,6 +33,9 @@ TORCHFUSE_API int64_t FuseConvAddAct(std::shared_ptr<torch::jit::Graph>& graph);
 // linear -> activation (and optimize_for_inference's matmul of a linear
 // without bias -> activation)  =>  torchfuse::custom_linear_act
 TORCHFUSE_API int64_t FuseLinearAct(std::shared_ptr<torch::jit::Graph>& graph);
+// add / add_ (into a fresh tensor) -> layer_norm, the sum used by the norm
+// only or also later  =>  torchfuse::custom_add_layer_norm
+TORCHFUSE_API int64_t FuseAddLayerNorm(std::shared_ptr<torch::jit::Graph>& graph);
 // batch_norm -> add -> div -> x*sigmoid(x) | silu
 //   =>  torchfuse::custom_batch_norm_add_div_swish (or its _eval form)
 TORCHFUSE_API int64_t FuseBatchNormAddDivSwish(std::shared_ptr<torch::jit::Graph>& graph);

@@ -62,6 +62,9 @@ _BN_TORCH = ["input", "weight", "bias", "running_mean", "running_var", "training
 _BN_FUNCTIONAL = ["input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps"]
 _BN_DEFAULTS = dict(weight=None, bias=None, training=False, momentum=0.1, eps=1e-5)
 
+_LN = ["input", "normalized_shape", "weight", "bias", "eps"]
+_LN_DEFAULTS = dict(weight=None, bias=None, eps=1e-5)
+
 _POOL = ["input", "kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices"]
 _POOL_DEFAULTS = dict(stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False)
 
@@ -93,6 +96,8 @@ _TORCH_TARGETS.update({
     _F.silu: ("silu", None, ["input", "inplace"], dict(inplace=False)),
     torch.max_pool2d: ("max_pool", False, _POOL[:-1], _POOL_DEFAULTS),
     _F.max_pool2d: ("max_pool", False, _POOL, _POOL_DEFAULTS),
+    _F.layer_norm: ("layer_norm", False, _LN, _LN_DEFAULTS),
+    torch.layer_norm: ("layer_norm", False, _LN + ["cudnn_enable"], dict(_LN_DEFAULTS, cudnn_enable=True)),
 })
 _METHOD_TARGETS = {
     "relu": ("relu", False, ["input"], {}),
@@ -127,6 +132,7 @@ _ATEN_TARGETS = {
     _aten.silu.default: ("silu", False),
     _aten.silu_.default: ("silu", True),
     _aten.max_pool2d.default: ("max_pool", False),
+    _aten.layer_norm.default: ("layer_norm", False),
 }
 
 
@@ -164,6 +170,11 @@ def _module_call(node: torch.fx.Node, root) -> Optional[_Call]:
         return _Call("silu", mod.inplace, dict(input=x))
     if type(mod) is nn.Sigmoid:
         return _Call("sigmoid", False, dict(input=x))
+    if type(mod) is nn.LayerNorm:
+        w = _Attr(f"{t}.weight") if mod.weight is not None else None
+        b = _Attr(f"{t}.bias") if mod.bias is not None else None
+        return _Call("layer_norm", False, dict(input=x, normalized_shape=mod.normalized_shape, weight=w, bias=b,
+                                               eps=mod.eps))
     if type(mod) is nn.MaxPool2d:
         return _Call("max_pool", False, dict(input=x, kernel_size=mod.kernel_size, stride=mod.stride,
                                              padding=mod.padding, dilation=mod.dilation, ceil_mode=mod.ceil_mode,
@@ -743,6 +754,97 @@ class _Rewriter:
                 return t, [sig_node, node], False
         return None
 
+    # add -> layer_norm -------------------------------------------------------
+    # NB: as FuseAddLayerNorm: the add as written (either operand order, any
+    # alpha; add_ only into a fresh tensor), the sum not written in place
+    # and read by one layer_norm; where other nodes read the sum too, the
+    # op's second result replaces it (write_sum), the op placed at the
+    # layer_norm when they all follow it, else at the add when the
+    # layer_norm's weight and bias precede it.
+    def add_layer_norm(self) -> int:
+        count = 0
+        for node in list(self.graph.nodes):
+            found = self._add_layer_norm_at(node)
+            if found is None:
+                continue
+            s, args, write_sum, at = found
+            with self.graph.inserting_before(at):
+                args = tuple(self.graph.get_attr(a.path) if isinstance(a, _Attr) else a for a in args)
+                fused = self.graph.call_function(_ops.custom_add_layer_norm.default, args)
+                out = self.graph.call_function(operator.getitem, (fused, 0))
+                total = self.graph.call_function(operator.getitem, (fused, 1))
+            val = self._fake_run(_ops.custom_add_layer_norm.default, args)
+            if val is not None:
+                fused.meta["val"] = val
+            out.meta = dict(node.meta)
+            total.meta = dict(s.meta)
+            name = node.name
+            node.replace_all_uses_with(out)
+            self.graph.erase_node(node)
+            self.renamed[name] = out.name
+            if write_sum:
+                s.replace_all_uses_with(total)
+                self.renamed[s.name] = total.name
+            self.graph.erase_node(s)
+            if not write_sum:
+                self.graph.erase_node(total)
+            count += 1
+        return count
+
+    def _add_layer_norm_at(self, node):
+        """(sum node, the op's arguments, write_sum, the node to insert
+        before) for a layer_norm of an add, or None."""
+        ln = self.call(node, "layer_norm")
+        if ln is None:
+            return None
+        a = ln.args
+        s, shape, eps, w, b = a.get("input"), _int_list(a.get("normalized_shape")), a.get("eps"), a.get("weight"), a.get("bias")
+        add = self.call(s, "add")
+        if add is None or shape is None or not _is_number(eps):
+            return None  # normArgumentsAreConstant
+        if any(v is not None and not _is_tensor_value(v) for v in (w, b)):
+            return None
+        x, other, alpha = add.args.get("input"), add.args.get("other"), add.args.get("alpha", 1)
+        if not _is_tensor_value(x) or not _is_tensor_value(other) or not _is_number(alpha):
+            return None  # isTensorAdd
+        if add.inplace and not (isinstance(x, torch.fx.Node) and self._fresh_unaliased(x, s)):
+            return None  # addIsOutOfPlaceOrIntoFresh
+        norms = [u for u in s.users if (c := self.call(u, "layer_norm")) is not None and c.args.get("input") is s]
+        if len(norms) != 1:
+            return None  # sumFeedsOneNorm
+        if any(_may_alias(wr, s) for n in self.graph.nodes if n is not s for wr in _writes(n)):
+            return None  # sumNotWrittenInPlace
+        if not _no_intervening_writes(s, node, {s, node}, [x, other, w, b]):
+            return None
+        write_sum = not _single_use(s, node)
+        order = {n: i for i, n in enumerate(self.graph.nodes)}
+        if all(u is node or order[u] > order[node] for u in s.users):
+            at = node
+        elif all(not isinstance(v, torch.fx.Node) or order[v] < order[s] for v in (w, b)):
+            at = s  # normArgumentsHoistable: get_attr nodes are made there
+        else:
+            return None
+        return s, (x, other, alpha, not add.inplace, shape, w, b, float(eps), write_sum), write_sum, at
+
+    @staticmethod
+    def _fake_run(op, args):
+        """The op's result metadata on the arguments' fake values, where all
+        of them have one."""
+        vals = []
+        for a in args:
+            if isinstance(a, torch.fx.Node):
+                v = _meta(a)
+                if not isinstance(v, torch.Tensor):
+                    return None
+                vals.append(v)
+            else:
+                vals.append(a)
+        mode = torch._guards.detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+        if mode is None:
+            return None
+        with mode:
+            return op(*vals)
+
     # a standalone relu ---------------------------------------------------
     def relu(self) -> int:
         count = 0
@@ -777,6 +879,7 @@ _PASSES: Dict[str, Callable[[_Rewriter], int]] = {
     "conv_add_act": _Rewriter.conv_add_act,
     "linear_add_relu": _Rewriter.linear_add_relu,
     "linear_act": _Rewriter.linear_act,
+    "add_layer_norm": _Rewriter.add_layer_norm,
     "batch_norm_add_div_swish": _Rewriter.batch_norm_add_div_swish,
     "relu": _Rewriter.relu,
 }

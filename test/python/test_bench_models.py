@@ -151,9 +151,12 @@ def test_fused_counts_and_baselines(results):
     for key in (f"{CNN}/eval_fp32/torchfuse", f"{CNN}/eval_fp32/torchfuse_freeze", f"{CNN}/train_fp32/torchfuse"):
         assert off and all(rows[key]["fused"][name] == 0 for name in off), rows[key]["fused"]
         assert rows[key]["fused_ops"].get("custom_relu", 0) == rows[key]["fused"]["relu"]
-    # BERT (dry run: 2 layers): the intermediate linear -> gelu of each layer
+    # BERT (dry run: 2 layers): the intermediate linear -> gelu of each
+    # layer; the embeddings' add -> LayerNorm and each layer's two residual
+    # add -> LayerNorm
     bert_fused = rows["bert/train_fp32/torchfuse"]["fused"]
-    assert bert_fused["linear_act"] == 2 and sum(bert_fused.values()) == 2, bert_fused
+    assert bert_fused["linear_act"] == 2 and bert_fused["add_layer_norm"] == 1 + 2 * 2, bert_fused
+    assert sum(bert_fused.values()) == 2 + 5, bert_fused
     # TorchScript variants report NNC's fusion groups (none on the CPU)
     assert rows[f"{CNN}/eval_fp32/torchscript"]["nnc_groups"] == 0
     assert "nnc_groups" not in rows[f"{CNN}/eval_fp32/eager"]

@@ -6,13 +6,13 @@ what a module computes.
                        [--features tied,exported|none]
 
 Each program is a random nn.Module written as Python source from a small
-vocabulary (linear, conv1d/conv2d, batch_norm, relu/relu_, add/add_/sub,
+vocabulary (linear, conv1d/conv2d, batch_norm, layer_norm, relu/relu_, add/add_/sub,
 div, mul, sigmoid, silu, the activations of conv_add_act: relu, relu6,
 hardtanh, silu, hardswish, hardsigmoid, sigmoid, gelu, leaky_relu, in and
 out of place, a conv of the chain's input as the residual, max_pool2d;
-views, in-place writes, if and for blocks), biased towards the seven
+views, in-place writes, if and for blocks), biased towards the eight
 fusable chains (conv -> [activation] -> max_pool2d, conv -> [add] ->
-activation and linear -> activation among them) and
+activation, linear -> activation and add -> layer_norm among them) and
 near-misses of them.  Features, each
 from its own random stream (without them a program is the one drawn before
 they existed): `tied`, parameters tied and buffers shared between

@@ -514,6 +514,53 @@ class Generator:
 
         return self.chain(build)
 
+    def chain_add_layer_norm(self) -> Optional[Var]:
+        """add_layer_norm's forms: add -> layer_norm over the last dim (or the
+        last two), post-LN (the sum read by the norm only: BERT) and pre-LN
+        (the sum read again after the norm, x + mlp(ln(x)), or returned:
+        ViT), the add's spellings and near-misses (add(): operand orders,
+        alpha, add_ into a fresh linear output or on a live tensor, a scalar
+        add, sub), LayerNorm modules with and without affine parameters and
+        F.layer_norm, and the near-misses of a chain: the sum written in
+        place after the norm, read by a second norm, a runtime eps (an
+        unfrozen float attribute), an input written in between."""
+        def build(x):
+            base = x
+            if self.chance(0.5):
+                base = self.linear(x, out_features=x.shape[-1])
+            s = self.add(base, fresh=base is not x)
+            self.maybe_interfere([x.name, s.name])
+            nd = 2 if len(s.shape) >= 3 and self.chance(0.2) else 1
+            ns = tuple(s.shape[-nd:])
+            dims = ", ".join(map(str, ns)) + ("," if nd == 1 else "")
+            r = self.rng.random() * (0.9 if self.clean else 1.0)
+            eps = self.pick(["1e-5", "1e-6", "1e-12"])
+            if r < 0.45:
+                affine, bias = self.chance(0.8), self.chance(0.8)
+                m = self.attr("ln", "self.{name} = nn.LayerNorm((%s), eps=%s, elementwise_affine=%s, bias=%s)"
+                              % (dims, eps, affine, bias))
+                y = self.define(f"self.{m}({s.name})", s.shape, [s], True)
+            elif r < 0.9:
+                w = self.param(ns) if self.chance(0.8) else "None"
+                b = self.param(ns) if self.chance(0.8) else "None"
+                y = self.define(f"F.layer_norm({s.name}, ({dims}), {w}, {b}, {eps})", s.shape, [s], True)
+            else:  # a runtime eps where not frozen
+                k = self.attr("k", "self.{name} = %s" % eps)
+                y = self.define(f"F.layer_norm({s.name}, ({dims}), None, None, self.{k})", s.shape, [s], True)
+            q = 1.0 if self.clean else self.rng.random()
+            if q < 0.06:
+                self.emit(f"{s.name}.mul_(0.5)")  # the sum written in place after the norm
+                self.must_return.append(s.name)
+            elif q < 0.1:
+                self.define(f"F.layer_norm({s.name}, ({dims}))", s.shape, [s])  # a second norm of the sum
+            if self.chance(0.45):
+                # pre-LN: the residual stream read again
+                return self.define(f"{s.name} + {y.name}", s.shape, [s, y], s.contiguous)
+            self.extra_use(s)
+            return y
+
+        return self.chain(build)
+
     def chain_conv(self) -> Optional[Var]:
         def build(x):
             c = self.conv(x, same_shape=self.chance(0.5))
@@ -751,6 +798,7 @@ class Generator:
             (self.chain_batch_norm, 5),
             (self.chain_conv_add_act, 6),
             (self.chain_linear_act, 4),
+            (self.chain_add_layer_norm, 4),
             (self.standalone_relu, 3),
             (self.elementwise, 3),
             (self.inplace, 1.5),

@@ -161,6 +161,28 @@ TEST(ConvertToChannelsLast, RestoresBeforeAViewAndLeavesMetadataReadsAlone) {
   }
 }
 
+// custom_add_layer_norm normalizes the last dims, as aten::layer_norm: a
+// region value reaching it is restored to the original's layout first.
+TEST(ConvertToChannelsLast, RestoresBeforeAnAddLayerNorm) {
+  auto graph = frozen("%x : Tensor", R"IR(
+  %y : Tensor = aten::conv2d(%x, %w1, %b, %one, %one, %one, %g1)
+  %r : Tensor = aten::relu(%y)
+  %ns : int[] = prim::Constant[value=[9]]()
+  %eps : float = prim::Constant[value=1.0000000000000001e-05]()
+  %true : bool = prim::Constant[value=1]()
+  %o : Tensor, %s : Tensor = torchfuse::custom_add_layer_norm(%y, %r, %alpha, %true, %ns, %none, %none, %eps, %true)
+  return (%o, %s))IR");
+  auto converted = graph->copy();
+  EXPECT_EQ(force(converted), 1);
+  converted->lint();
+  FileCheck()
+      .check("aten::relu")
+      ->check("torchfuse::custom_restore_layout(")
+      ->check("torchfuse::custom_add_layer_norm")
+      ->run(*converted);
+  expectSameLayoutsAndValues(graph, converted, images(3));
+}
+
 TEST(ConvertToChannelsLast, KeepsCatPoolingBatchNormAndTheSeGateInside) {
   auto graph = frozen("%x : Tensor", R"IR(
   %false : bool = prim::Constant[value=0]()
