@@ -8,11 +8,13 @@
 #   bench/gpu_check.sh                 # build, test, bench
 #   bench/gpu_check.sh build bench     # only these stages (the bench gets the time)
 #   BENCH_MODELS_ARGS="--variants torchscript,torchfuse" bench/gpu_check.sh build models
+#   bench/gpu_check.sh build ddp       # DDP training step per GPU (bench/ddp.py)
 #
 # Stages: build, test, bench (bench/benchmark.py, the seed workloads), models
 # (bench/models.py, the model zoo: at most MODELS_S seconds, default 500; its
 # results merge into bench/results/models-<gpu>.json of the tree, so that
-# slices of it run in several calls add up).
+# slices of it run in several calls add up), ddp (bench/ddp.py: resnet50's
+# DDP training step at 1..all GPUs, NCCL; bench/results/ddp-<gpu>.json).
 #
 # Environment: PYTEST_WORKERS (pytest-xdist workers of the test stage,
 # default 8), OUT (logs and results go there: log.txt, results.json,
@@ -20,7 +22,7 @@
 # BUILD_DIR/gpu-check), BUILD_DIR (default build-gpu), TOTAL_S, BENCH_ARGS
 # (extra bench/benchmark.py arguments, e.g. "--workloads relu"),
 # BENCH_MODELS_ARGS (extra bench/models.py arguments: --models, --modes,
-# --variants), MODELS_S, TORCHFUSE_COMMIT (commit to record where the tree
+# --variants), BENCH_DDP_ARGS (extra bench/ddp.py arguments), MODELS_S, TORCHFUSE_COMMIT (commit to record where the tree
 # has no .git).
 #
 # GoogleTest: if none is installed, CMake builds it from .deps/googletest
@@ -63,7 +65,7 @@ say "== gpu_check: $(date '+%Y-%m-%dT%H:%M:%S'), stages: $stages, budget ${TOTAL
 
 # ---- build
 built=0
-if has_stage build || has_stage test || has_stage bench || has_stage models; then
+if has_stage build || has_stage test || has_stage bench || has_stage models || has_stage ddp; then
   cmake_args=${CMAKE_ARGS:-}
   if [ ! -f .deps/googletest/CMakeLists.txt ] && [ -f /usr/src/googletest/CMakeLists.txt ]; then
     cmake_args="$cmake_args -DTORCHFUSE_GTEST_SOURCE_DIR=/usr/src/googletest"
@@ -216,6 +218,30 @@ if has_stage models; then
   fi
 fi
 
+# ---- DDP (bench/ddp.py: one process per GPU, NCCL)
+if has_stage ddp; then
+  if [ $built = 1 ]; then
+    t=$(min 300 "$(( $(left) - 20 ))")
+    say "== ddp (bench/ddp.py ${BENCH_DDP_ARGS:-}, limit ${t} s)"
+    t0=$(date +%s)
+    # shellcheck disable=SC1091
+    ( export TORCHFUSE_BUILD_DIR="$root/$BUILD_DIR"; source ./env.sh
+      # shellcheck disable=SC2086
+      OUT="$out" timeout -k 10 "$t" python bench/ddp.py ${BENCH_DDP_ARGS:-} ) >> "$log" 2>&1
+    rc=$?
+    grep -E "^ddp:|Error" "$log" | tail -10
+    if [ $rc -ne 0 ]; then
+      status=1
+      note "ddp: FAILED (rc $rc$([ $rc -ge 124 ] && echo ', time limit'), $(( $(date +%s) - t0 )) s)"
+    else
+      note "ddp: ok ($(( $(date +%s) - t0 )) s)"
+    fi
+  else
+    status=1
+    note "ddp: NOT RUN (no build)"
+  fi
+fi
+
 say ""
 say "== summary ($(( $(date +%s) - start )) s, exit $status)"
 for s in "${summary[@]}"; do say "   $s"; done
@@ -226,5 +252,9 @@ fi
 if has_stage models && [ -f "$out/models.json" ]; then
   ( export TORCHFUSE_BUILD_DIR="$root/$BUILD_DIR"; source ./env.sh >/dev/null 2>&1
     python bench/models.py --short "$out/models.json" ) 2>&1 | tee -a "$log"
+fi
+if has_stage ddp && [ -f "$out/ddp.json" ]; then
+  ( export TORCHFUSE_BUILD_DIR="$root/$BUILD_DIR"; source ./env.sh >/dev/null 2>&1
+    python bench/ddp.py --short "$out/ddp.json" ) 2>&1 | tee -a "$log"
 fi
 exit $status

@@ -7,6 +7,8 @@ bar chart of torchfuse's speedups (docs/performance.png).
     python bench/report.py RESULTS.json --short       # the short table only
     python bench/report.py RESULTS.json --models bench/results/models-GPU.json
                               # with the model zoo's section (bench/models.py)
+    python bench/report.py RESULTS.json --ddp bench/results/ddp-GPU.json
+                              # with the DDP section (bench/ddp.py)
 
 Without a path it takes the newest JSON under bench/results/.
 """
@@ -377,6 +379,22 @@ def short_table(data: dict) -> str:
     return "\n".join(out)
 
 
+def section(module: str, results: str, png: str, md_path: str, written: list) -> str:
+    """The page section of bench/<module>.py's results JSON (bench/models.py,
+    bench/ddp.py: each has markdown_section and chart), its chart written to
+    `png` (appended to `written`)."""
+    import importlib
+
+    mod = importlib.import_module(module)
+    data = load(results)
+    rel_png = None
+    if mod.chart(data, png):
+        written.append(png)
+        rel_png = os.path.relpath(os.path.abspath(png), os.path.dirname(os.path.abspath(md_path)))
+    rel = os.path.relpath(results, ROOT) if os.path.isabs(results) else results
+    return mod.markdown_section(data, rel_png) + f"\nResults file: `{rel}`.\n"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("json", nargs="?", help="results JSON (default: newest bench/results/*.json)")
@@ -387,10 +405,14 @@ def main(argv=None) -> int:
                     help="a bench/models.py results JSON: its section and chart are added to the page")
     ap.add_argument("--models-png", default=None,
                     help="the model zoo's chart (default: the --png path with -models before .png)")
+    ap.add_argument("--ddp", default=None, metavar="JSON",
+                    help="a bench/ddp.py results JSON: its section and chart (the --png path with -ddp before "
+                         ".png) are added to the page")
     a = ap.parse_args(argv)
     path = a.json
     if not path:
-        found = sorted(glob.glob(os.path.join(ROOT, "bench", "results", "*.json")), key=os.path.getmtime)
+        found = sorted((p for p in glob.glob(os.path.join(ROOT, "bench", "results", "*.json"))
+                        if not os.path.basename(p).startswith(("models-", "ddp-"))), key=os.path.getmtime)
         if not found:
             print("report: no results JSON given and none under bench/results/", file=sys.stderr)
             return 2
@@ -404,18 +426,11 @@ def main(argv=None) -> int:
     md = markdown(data, path, cmdline.strip(), png_rel)
     made = chart(data, a.png)
     written = [a.md] + ([a.png] if made else [])
-    if a.models:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-        import models as zoo  # bench/models.py
-
-        mpng = a.models_png or os.path.splitext(a.png)[0] + "-models.png"
-        mdata = load(a.models)
-        mrel = None
-        if zoo.chart(mdata, mpng):
-            written.append(mpng)
-            mrel = os.path.relpath(os.path.abspath(mpng), os.path.dirname(os.path.abspath(a.md)))
-        rel = os.path.relpath(a.models, ROOT) if os.path.isabs(a.models) else a.models
-        md += "\n" + zoo.markdown_section(mdata, mrel) + f"\nResults file: `{rel}`.\n"
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    for module, results, spng in (("models", a.models, a.models_png), ("ddp", a.ddp, None)):
+        if results:
+            md += "\n" + section(module, results, spng or os.path.splitext(a.png)[0] + f"-{module}.png", a.md,
+                                  written)
     os.makedirs(os.path.dirname(os.path.abspath(a.md)), exist_ok=True)
     with open(a.md, "w") as f:
         f.write(md + "\n")
