@@ -19,8 +19,8 @@ Per world size, one launch of `world` processes:
    batch; the output and every parameter's all-reduced gradient are compared
    with eager's (max|x - eager| / max|eager|, for information: the accuracy
    rule itself is test/python/test_distributed.py's);
-2. memory: each variant alone, nothing else alive: the peak of one step after
-   the warm-up, less what was allocated before the variant was built (so its
+2. memory: each variant alone, nothing else alive: the peak of MEMORY_STEPS
+   steps after the warm-up, less what was allocated before the variant was built (so its
    parameters, gradients, momentum and DDP's buckets count);
 3. time: all variants alive, ROUNDS rounds in a rotating order (drift hits
    them alike), each round `--reps` steps timed one by one with CUDA events,
@@ -58,7 +58,8 @@ from benchmark import ROOT, free_memory, git_commit, rel_err, slug  # noqa: E402
 
 VARIANTS = ["eager", "torchscript", "torchfuse"]
 SHORT = {"eager": "eager", "torchscript": "script", "torchfuse": "torchfuse"}
-ROUNDS = 3
+ROUNDS = 5
+MEMORY_STEPS = 3  # steps whose peak is a variant's peak memory
 LR, MOMENTUM = 0.01, 0.9
 
 
@@ -163,7 +164,11 @@ def worker(rank, world, backend, store, out_dir, a):
                 t.step(x, gy)
             _sync(device)
             torch.cuda.reset_peak_memory_stats(device)
-            t.step(x, gy)
+            # NB: several steps: with more than one process, when DDP's
+            # all-reduce on NCCL's stream lets go of a bucket depends on the
+            # timing of the two streams, so one step's peak varies
+            for _ in range(MEMORY_STEPS):
+                t.step(x, gy)
             _sync(device)
             res["variants"][v]["peak_mem_MiB"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
             del t
@@ -244,15 +249,17 @@ def markdown_section(data: dict, png_rel: str | None = None, level: int = 2) -> 
     out.append(f"- Model: torchvision {data['model']} (training mode, {data['classes']} classes), "
                f"x[{data['batch_per_gpu']}, 3, {data['resolution']}, {data['resolution']}] per GPU, float32, "
                "PyTorch's default flags (cuDNN TF32 on, matmul TF32 off), NNC on")
+    tm = data["timing"]
     out.append("- A step: zero_grad, forward, backward of a fixed random output gradient with DDP's all-reduce, "
                "SGD with momentum. One process per GPU; median ms of each rank's steps, timed one by one "
-               f"({data['timing']['method']}; {data['timing']['rounds']} interleaved rounds of ≥ {data['timing']['reps']} after "
-               f"{data['timing']['warmup']} warm-up steps), the slowest rank's. Peak memory: one step of the "
-               "variant alone, its parameters, gradients, momentum and DDP buckets included, the largest rank's.")
+               f"({tm['method']}; {tm['rounds']} interleaved rounds of ≥ {tm['reps']} after {tm['warmup']} "
+               f"warm-up steps), the slowest rank's. Peak memory: the peak of {tm.get('memory_steps', 1)} steps "
+               "of the variant alone, its parameters, gradients, momentum and DDP buckets included, the largest "
+               "rank's.")
     out.append("")
-    out.append("| GPUs | eager ms | TorchScript ms | torchfuse ms | torchfuse / eager | torchfuse / TorchScript "
-               "| images/s (eager, torchfuse) | scaling eff. (eager, torchfuse) | peak MiB (eager, script, torchfuse) "
-               "| err vs eager (out, grads) | fused |")
+    out.append("| GPUs | eager ms (min) | TorchScript ms (min) | torchfuse ms (min) | torchfuse / eager "
+               "| torchfuse / TorchScript | images/s (eager, torchfuse) | scaling eff. (eager, torchfuse) "
+               "| peak MiB (eager, script, torchfuse) | err vs eager (out, grads) | fused |")
     out.append("|---|---|---|---|---|---|---|---|---|---|---|")
     for w in sorted(data["rows"], key=int):
         r = data["rows"][w]
@@ -263,15 +270,18 @@ def markdown_section(data: dict, png_rel: str | None = None, level: int = 2) -> 
 
         mem = ", ".join("–" if x["peak_mem_MiB"] is None else f"{x['peak_mem_MiB']:.0f}" for x in (e, s, t))
         fused = ", ".join(f"{k} {n}" for k, n in sorted(t["fused"].items())) or "none"
-        out.append(f"| {w} | {fmt(e['median_ms'])} | {fmt(s['median_ms'])} | {fmt(t['median_ms'])} | "
+        ms = " | ".join(f"{fmt(x['median_ms'])} ({fmt(x['min_ms'])})" for x in (e, s, t))
+        out.append(f"| {w} | {ms} | "
                    f"{t['speedup_vs_eager']:.2f}× | {t['speedup_vs_torchscript']:.2f}× | "
                    f"{e['images_per_s']:.0f}, {t['images_per_s']:.0f} | {eff(e)}, {eff(t)} | {mem} | "
                    f"{t['err_vs_eager']['out']:.1e}, {t['err_vs_eager']['grads']:.1e} | {fused} |")
     out.append("")
-    out.append("*torchfuse / eager*, *torchfuse / TorchScript*: the other's median over torchfuse's (> 1: torchfuse "
-               "is faster). *scaling eff.*: images/s at N GPUs over N times the images/s at one. *err vs eager*: "
-               "max|x − eager| / max|eager| after one step from the same weights, of the output and the worst "
-               "all-reduced parameter gradient (cuDNN picks its algorithms per process, so these are not zero).")
+    out.append("*ms (min)*: the median step, and in brackets the fastest step of any rank, when nothing on the "
+               "host delayed the launches. *torchfuse / eager*, *torchfuse / TorchScript*: the other's median over "
+               "torchfuse's (> 1: torchfuse is faster). *scaling eff.*: images/s at N GPUs over N times the "
+               "images/s at one. *err vs eager*: max|x − eager| / max|eager| after one step from the same "
+               "weights, of the output and the worst all-reduced parameter gradient (0 where both ran the same "
+               "kernels in the same order).")
     if png_rel:
         out += ["", f"![DDP step time per GPU]({png_rel})"]
     return "\n".join(out) + "\n"
@@ -406,7 +416,7 @@ def main(argv=None) -> int:
                   "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
                   "texpr_fuser": torch._C._jit_texpr_fuser_enabled()},
         "timing": {"method": "CUDA events per step" if not a.dry_run else "perf_counter per step",
-                   "rounds": ROUNDS, "reps": a.reps, "warmup": a.warmup,
+                   "rounds": ROUNDS, "reps": a.reps, "warmup": a.warmup, "memory_steps": MEMORY_STEPS,
                    "statistic": "median of each rank's steps, the slowest rank's"},
         "rows": {},
     }

@@ -156,6 +156,14 @@ def _fused_counts(module):
     return torchfuse.report(module)
 
 
+def _sync_bn(backend, name):
+    """Whether the model's BatchNorm is a SyncBatchNorm, which normalizes the
+    ranks' batches together: only the split model's, on the GPUs (NCCL).  The
+    other models' BatchNorms are scripted, hence plain BatchNorm2d, on every
+    backend."""
+    return backend == "nccl" and name == "split"
+
+
 def _build(name, dtype, device, optimized, sync_bn=False, seed=0):
     torch.manual_seed(seed)
     if name == "split":
@@ -229,9 +237,9 @@ def _worker(rank, backend, store, out_dir, seed):
             # NB: float32 accuracy is the subject; TF32 would blur it
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
-        sync_bn = backend == "nccl"
         results = {}
         for name in MODELS:
+            sync_bn = _sync_bn(backend, name)
             data = _data(name, seed, STEPS + 1)
             for dtype in DTYPES:
                 for optimized in (False, True):
@@ -357,9 +365,8 @@ def _assert_equal(got, want, what, exact=False):
 @pytest.mark.parametrize("name", list(MODELS))
 def test_optimized_model_trains_under_ddp_as_the_reference(runs, name, mode):
     backend, seed, ranks = runs
-    sync_bn = backend == "nccl"
     data = _data(name, seed, STEPS)
-    ref = _reference(name, mode, STEPS, data, sync_bn)
+    ref = _reference(name, mode, STEPS, data, _sync_bn(backend, name))
     what = f"{backend} {name} {mode} seed {seed}"
     r0 = ranks[0]
     # the float64 DDP runs are the reference (pins the reference down)
@@ -399,7 +406,7 @@ def test_checkpoint_of_the_ddp_module_loads_and_trains_on(runs, name):
             _assert_equal(case["state4_loaded"], case["state4"],
                           f"{what}: {dtype} optimized={optimized}: loaded vs uninterrupted",
                           exact=backend == "gloo")
-    ref = _reference(name, "sync", STEPS + 1, _data(name, seed, STEPS + 1), backend == "nccl")
+    ref = _reference(name, "sync", STEPS + 1, _data(name, seed, STEPS + 1), _sync_bn(backend, name))
     _assert_equal(r0[(name, torch.float64, True, "sync")]["state4_loaded"], ref,
                   f"{what}: float64 optimized, loaded, 4th step vs one process")
     _assert_rule(r0[(name, torch.float32, True, "sync")]["state4_loaded"],
