@@ -19,9 +19,11 @@ Per world size, one launch of `world` processes:
    batch; the output and every parameter's all-reduced gradient are compared
    with eager's (max|x - eager| / max|eager|, for information: the accuracy
    rule itself is test/python/test_distributed.py's);
-2. memory: each variant alone, nothing else alive: the peak of MEMORY_STEPS
-   steps after the warm-up, less what was allocated before the variant was built (so its
-   parameters, gradients, momentum and DDP's buckets count);
+2. memory: each variant alone, nothing else alive, measured twice (the
+   variants in order, then in reverse): the peak of MEMORY_STEPS steps after
+   the warm-up, less what was allocated before the variant was built (so its
+   parameters, gradients, momentum and DDP's buckets count); the larger of
+   the two;
 3. time: all variants alive, ROUNDS rounds in a rotating order (drift hits
    them alike), each round `--reps` steps timed one by one with CUDA events,
    after a warm-up that includes TorchScript's profiling runs; a variant's
@@ -155,8 +157,10 @@ def worker(rank, world, backend, store, out_dir, a):
         del trainers, firsts
         free_memory()
 
-        # 2. memory: each variant alone (device memory: CUDA only)
-        for v in VARIANTS if device.type == "cuda" else []:
+        # 2. memory: each variant alone (device memory: CUDA only), in
+        # order and again in reverse, so that none is always measured first
+        peaks = {v: [] for v in VARIANTS}
+        for v in (VARIANTS + VARIANTS[::-1]) if device.type == "cuda" else []:
             _sync(device)
             base = torch.cuda.memory_allocated(device)
             t = Trainer(v, master, device)
@@ -170,9 +174,12 @@ def worker(rank, world, backend, store, out_dir, a):
             for _ in range(MEMORY_STEPS):
                 t.step(x, gy)
             _sync(device)
-            res["variants"][v]["peak_mem_MiB"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
+            peaks[v].append((torch.cuda.max_memory_allocated(device) - base) / 2**20)
             del t
             free_memory()
+        for v, p in peaks.items():
+            if p:
+                res["variants"][v].update(peak_mem_MiB=max(p), peak_mem_passes_MiB=p)
 
         # 3. time: all alive, rounds in rotating order
         trainers = {v: Trainer(v, master, device) for v in VARIANTS}
@@ -216,6 +223,7 @@ def run_world(world: int, backend: str, a) -> dict:
             "steps_per_rank": slowest["steps"],
             "images_per_s": world * a.batch / slowest["median_ms"] * 1e3,
             "peak_mem_MiB": max(mems) if mems else None,
+            "peak_mem_passes_MiB": [p.get("peak_mem_passes_MiB") for p in per],  # per rank
             "err_vs_eager": {k: max(p["err_vs_eager"][k] for p in per) for k in ("out", "grads")},
             "fused": per[0]["fused"],
         }
@@ -255,7 +263,7 @@ def markdown_section(data: dict, png_rel: str | None = None, level: int = 2) -> 
                f"({tm['method']}; {tm['rounds']} interleaved rounds of ≥ {tm['reps']} after {tm['warmup']} "
                f"warm-up steps), the slowest rank's. Peak memory: the peak of {tm.get('memory_steps', 1)} steps "
                "of the variant alone, its parameters, gradients, momentum and DDP buckets included, the largest "
-               "rank's.")
+               "rank's, the larger of two measurements (the variants in order, then in reverse).")
     out.append("")
     out.append("| GPUs | eager ms (min) | TorchScript ms (min) | torchfuse ms (min) | torchfuse / eager "
                "| torchfuse / TorchScript | images/s (eager, torchfuse) | scaling eff. (eager, torchfuse) "
