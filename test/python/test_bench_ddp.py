@@ -67,6 +67,12 @@ def test_variants_take_eager_s_step(results):
     for w, row in results["data"]["rows"].items():
         assert row["eager"]["err_vs_eager"] == {"out": 0.0, "grads": 0.0}
         assert row["eager"]["fused"] == {} and row["torchscript"]["fused"] == {}
+        # a fused chain changes a graph; with none fused the report says the
+        # optimized module runs TorchScript's graphs
+        tf = row["torchfuse"]
+        assert isinstance(tf["same_graphs_as_torchscript"], bool)
+        if tf["fused"]:
+            assert not tf["same_graphs_as_torchscript"], (w, tf["fused"])
         for v in ("torchscript", "torchfuse"):
             # float32 on the CPU, one step from the same weights
             errs = row[v]["err_vs_eager"]
@@ -78,6 +84,8 @@ def test_report_short_table_and_chart(results, ddp, tmp_path):
     md = ddp.markdown_section(data, "chart.png")
     assert md.startswith("## Distributed training (DDP)") and "DRY RUN" in md
     assert "| 1 | " in md and "| 2 | " in md and "](chart.png)" in md
+    same = all(r["torchfuse"]["same_graphs_as_torchscript"] for r in data["rows"].values())
+    assert ("the optimized module's graphs are the TorchScript module's" in md) == same
     short = ddp.short_table(data)
     assert "resnet18" in short and "DRY RUN" in short
     assert short.splitlines()[-1] in results["stdout"]
