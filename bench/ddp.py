@@ -57,6 +57,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchmark import ROOT, free_memory, git_commit, rel_err, slug  # noqa: E402
+from report import load, pyplot, save_chart, section_page  # noqa: E402
 
 VARIANTS = ["eager", "torchscript", "torchfuse"]
 SHORT = {"eager": "eager", "torchscript": "script", "torchfuse": "torchfuse"}
@@ -311,8 +312,6 @@ def markdown_section(data: dict, png_rel: str | None = None, level: int = 2) -> 
 
 
 def chart(data: dict, png: str) -> bool:
-    from report import pyplot, save_chart  # bench/report.py
-
     plt = pyplot("ddp")
     if plt is None or not data.get("rows"):
         return False
@@ -387,29 +386,13 @@ def parse_args(argv=None):
     return a
 
 
-def load(path: str) -> dict:
-    with open(path) as f:
-        return json.load(f)
-
-
 def main(argv=None) -> int:
     a = parse_args(argv)
     if a.short:
         print(short_table(load(a.short)))
         return 0
     if a.report:
-        data = load(a.report)
-        rel = None
-        if a.png and chart(data, a.png):
-            base = os.path.dirname(os.path.abspath(a.md)) if a.md else os.getcwd()
-            rel = os.path.relpath(os.path.abspath(a.png), base)
-        md = markdown_section(data, rel, level=1)
-        if a.md:
-            with open(a.md, "w") as f:
-                f.write(md)
-        else:
-            print(md)
-        return 0
+        return section_page(markdown_section, chart, a.report, a.md, a.png)
 
     if a.dry_run:
         backend, gpu, gpus = "gloo", "dry-run-cpu", 0

@@ -56,6 +56,26 @@ status=0
 summary=()
 note() { summary+=("$1"); }
 
+# Runs a Python script of the build under `timeout`, its output appended to
+# the log; prints the log's lines that match PATTERN and notes the outcome.
+#   bench_script NAME LIMIT PATTERN SCRIPT [ARGS...]
+bench_script() {
+  local name=$1 limit=$2 pattern=$3 t0 rc
+  shift 3
+  t0=$(date +%s)
+  # shellcheck disable=SC1091
+  ( export TORCHFUSE_BUILD_DIR="$root/$BUILD_DIR"; source ./env.sh
+    OUT="$out" timeout -k 10 "$limit" python "$@" ) >> "$log" 2>&1
+  rc=$?
+  grep -E "$pattern" "$log" | tail -30
+  if [ $rc -ne 0 ]; then
+    status=1
+    note "$name: FAILED (rc $rc$([ $rc -ge 124 ] && echo ', time limit'), $(( $(date +%s) - t0 )) s)"
+  else
+    note "$name: ok ($(( $(date +%s) - t0 )) s)"
+  fi
+}
+
 say "== gpu_check: $(date '+%Y-%m-%dT%H:%M:%S'), stages: $stages, budget ${TOTAL_S} s, logs in $out"
 {
   nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,power.limit --format=csv 2>&1
@@ -157,20 +177,9 @@ if has_stage bench; then
     fi
     if [ "$t" -lt 60 ]; then t=60; fi
     say "== benchmarks (limit ${t} s)"
-    t0=$(date +%s)
-    # shellcheck disable=SC1091
-    ( export TORCHFUSE_BUILD_DIR="$root/$BUILD_DIR"; source ./env.sh
-      # shellcheck disable=SC2086
-      OUT="$out" timeout -k 10 "$t" python bench/benchmark.py --budget-s $(( t - 15 )) \
-        --unit-timeout-s 120 --target-s 0.3 ${BENCH_ARGS:-} ) >> "$log" 2>&1
-    rc=$?
-    grep -E "^benchmark:|^ceilings|^  SKIP |WRONG|^  [a-z_]+/[a-z_]+/" "$log" | tail -30
-    if [ $rc -ne 0 ]; then
-      status=1
-      note "bench: FAILED (rc $rc$([ $rc -ge 124 ] && echo ', time limit'), $(( $(date +%s) - t0 )) s)"
-    else
-      note "bench: ok ($(( $(date +%s) - t0 )) s)"
-    fi
+    # shellcheck disable=SC2086
+    bench_script bench "$t" "^benchmark:|^ceilings|^  SKIP |WRONG|^  [a-z_]+/[a-z_]+/" bench/benchmark.py \
+      --budget-s $(( t - 15 )) --unit-timeout-s 120 --target-s 0.3 ${BENCH_ARGS:-}
     if [ -f "$out/results.json" ]; then
       ( export TORCHFUSE_BUILD_DIR="$root/$BUILD_DIR"; source ./env.sh
         python bench/report.py "$out/results.json" --md "$out/performance.md" --png "$out/speedup.png" ) >> "$log" 2>&1 \
@@ -190,20 +199,9 @@ if has_stage models; then
   if [ $built = 1 ]; then
     t=$(min "$MODELS_S" "$(( $(left) - 25 ))")
     say "== models (bench/models.py ${BENCH_MODELS_ARGS:-}, limit ${t} s)"
-    t0=$(date +%s)
-    # shellcheck disable=SC1091
-    ( export TORCHFUSE_BUILD_DIR="$root/$BUILD_DIR"; source ./env.sh
-      # shellcheck disable=SC2086
-      OUT="$out" timeout -k 10 "$t" python bench/models.py --budget-s $(( t - 20 )) \
-        --unit-timeout-s $(( t / 2 )) ${BENCH_MODELS_ARGS:-} ) >> "$log" 2>&1
-    rc=$?
-    grep -E "^models:|^  SKIP |WRONG" "$log" | tail -30
-    if [ $rc -ne 0 ]; then
-      status=1
-      note "models: FAILED (rc $rc$([ $rc -ge 124 ] && echo ', time limit'), $(( $(date +%s) - t0 )) s)"
-    else
-      note "models: ok ($(( $(date +%s) - t0 )) s)"
-    fi
+    # shellcheck disable=SC2086
+    bench_script models "$t" "^models:|^  SKIP |WRONG" bench/models.py --budget-s $(( t - 20 )) \
+      --unit-timeout-s $(( t / 2 )) ${BENCH_MODELS_ARGS:-}
     if [ -f "$out/models.json" ]; then
       ( export TORCHFUSE_BUILD_DIR="$root/$BUILD_DIR"; source ./env.sh
         python bench/models.py --report "$out/models.json" --md "$out/models.md" --png "$out/models.png" ) \
@@ -223,19 +221,8 @@ if has_stage ddp; then
   if [ $built = 1 ]; then
     t=$(min 300 "$(( $(left) - 20 ))")
     say "== ddp (bench/ddp.py ${BENCH_DDP_ARGS:-}, limit ${t} s)"
-    t0=$(date +%s)
-    # shellcheck disable=SC1091
-    ( export TORCHFUSE_BUILD_DIR="$root/$BUILD_DIR"; source ./env.sh
-      # shellcheck disable=SC2086
-      OUT="$out" timeout -k 10 "$t" python bench/ddp.py ${BENCH_DDP_ARGS:-} ) >> "$log" 2>&1
-    rc=$?
-    grep -E "^ddp:|Error" "$log" | tail -10
-    if [ $rc -ne 0 ]; then
-      status=1
-      note "ddp: FAILED (rc $rc$([ $rc -ge 124 ] && echo ', time limit'), $(( $(date +%s) - t0 )) s)"
-    else
-      note "ddp: ok ($(( $(date +%s) - t0 )) s)"
-    fi
+    # shellcheck disable=SC2086
+    bench_script ddp "$t" "^ddp:|Error" bench/ddp.py ${BENCH_DDP_ARGS:-}
   else
     status=1
     note "ddp: NOT RUN (no build)"

@@ -96,6 +96,7 @@ import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from benchmark import ROOT, Timer, UnitTimeout, free_memory, git_commit, rel_err, slug, time_limit  # noqa: E402
+from report import load, pyplot, save_chart, section_page  # noqa: E402
 
 MODEL_NAMES = ["resnet50", "mobilenet_v3_large", "efficientnet_b0", "vgg16", "bert", "mlp"]
 MODES = ["eval_fp32", "eval_fp16", "eval_bf16", "train_fp32"]
@@ -774,8 +775,6 @@ def markdown_section(data: dict, png_rel: Optional[str] = None, level: int = 2) 
 
 
 def chart(data: dict, png: str) -> bool:
-    from report import pyplot, save_chart  # bench/report.py
-
     plt = pyplot("models")
     if plt is None:
         return False
@@ -879,29 +878,13 @@ def parse_args(argv=None):
     return a
 
 
-def load(path: str) -> dict:
-    with open(path) as f:
-        return json.load(f)
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.short:
         print(short_table(load(args.short)))
         return 0
     if args.report:
-        data = load(args.report)
-        png_rel = None
-        if args.png and chart(data, args.png):
-            base = os.path.dirname(os.path.abspath(args.md)) if args.md else os.getcwd()
-            png_rel = os.path.relpath(os.path.abspath(args.png), base)
-        md = markdown_section(data, png_rel, level=1)
-        if args.md:
-            with open(args.md, "w") as f:
-                f.write(md + "\n")
-        else:
-            print(md)
-        return 0
+        return section_page(markdown_section, chart, args.report, args.md, args.png)
 
     models = selection(args.models, MODEL_NAMES, "model")
     modes = selection(args.modes, MODES, "mode")

@@ -379,6 +379,24 @@ def short_table(data: dict) -> str:
     return "\n".join(out)
 
 
+def section_page(markdown_section, chart_fn, results: str, md: str | None, png: str | None) -> int:
+    """`--report` of bench/models.py and bench/ddp.py: the section of a
+    results JSON as a page of its own, written to `md` (stdout without), and
+    its chart to `png` (none without)."""
+    data = load(results)
+    png_rel = None
+    if png and chart_fn(data, png):
+        base = os.path.dirname(os.path.abspath(md)) if md else os.getcwd()
+        png_rel = os.path.relpath(os.path.abspath(png), base)
+    text = markdown_section(data, png_rel, level=1).rstrip("\n") + "\n"
+    if md:
+        with open(md, "w") as f:
+            f.write(text)
+    else:
+        print(text, end="")
+    return 0
+
+
 def section(module: str, results: str, png: str, md_path: str, written: list) -> str:
     """The page section of bench/<module>.py's results JSON (bench/models.py,
     bench/ddp.py: each has markdown_section and chart), its chart written to

