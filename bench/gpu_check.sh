@@ -22,8 +22,8 @@
 # BUILD_DIR/gpu-check), BUILD_DIR (default build-gpu), TOTAL_S, BENCH_ARGS
 # (extra bench/benchmark.py arguments, e.g. "--workloads relu"),
 # BENCH_MODELS_ARGS (extra bench/models.py arguments: --models, --modes,
-# --variants), BENCH_DDP_ARGS (extra bench/ddp.py arguments), MODELS_S, TORCHFUSE_COMMIT (commit to record where the tree
-# has no .git).
+# --variants), BENCH_DDP_ARGS (extra bench/ddp.py arguments), MODELS_S,
+# TORCHFUSE_COMMIT (commit to record where the tree has no .git).
 #
 # GoogleTest: if none is installed, CMake builds it from .deps/googletest
 # (a copy of /usr/src/googletest), else from /usr/src/googletest if present.
@@ -222,7 +222,7 @@ if has_stage ddp; then
     t=$(min 300 "$(( $(left) - 20 ))")
     say "== ddp (bench/ddp.py ${BENCH_DDP_ARGS:-}, limit ${t} s)"
     # shellcheck disable=SC2086
-    bench_script ddp "$t" "^ddp:|Error" bench/ddp.py ${BENCH_DDP_ARGS:-}
+    bench_script ddp "$t" "^ddp:" bench/ddp.py ${BENCH_DDP_ARGS:-}
   else
     status=1
     note "ddp: NOT RUN (no build)"

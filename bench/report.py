@@ -379,16 +379,26 @@ def short_table(data: dict) -> str:
     return "\n".join(out)
 
 
+def render_section(markdown_section, chart_fn, data: dict, png: str | None, md_path: str | None,
+                   level: int = 2) -> tuple[str, bool]:
+    """The markdown of a section of bench/models.py or bench/ddp.py (their
+    markdown_section and chart) and whether its chart was written to `png`
+    (None: none), linked relative to the page at `md_path` (None: the working
+    directory)."""
+    made = bool(png) and chart_fn(data, png)
+    rel = None
+    if made:
+        base = os.path.dirname(os.path.abspath(md_path)) if md_path else os.getcwd()
+        rel = os.path.relpath(os.path.abspath(png), base)
+    return markdown_section(data, rel, level=level), made
+
+
 def section_page(markdown_section, chart_fn, results: str, md: str | None, png: str | None) -> int:
     """`--report` of bench/models.py and bench/ddp.py: the section of a
     results JSON as a page of its own, written to `md` (stdout without), and
     its chart to `png` (none without)."""
-    data = load(results)
-    png_rel = None
-    if png and chart_fn(data, png):
-        base = os.path.dirname(os.path.abspath(md)) if md else os.getcwd()
-        png_rel = os.path.relpath(os.path.abspath(png), base)
-    text = markdown_section(data, png_rel, level=1).rstrip("\n") + "\n"
+    text, _ = render_section(markdown_section, chart_fn, load(results), png, md, level=1)
+    text = text.rstrip("\n") + "\n"
     if md:
         with open(md, "w") as f:
             f.write(text)
@@ -398,19 +408,16 @@ def section_page(markdown_section, chart_fn, results: str, md: str | None, png: 
 
 
 def section(module: str, results: str, png: str, md_path: str, written: list) -> str:
-    """The page section of bench/<module>.py's results JSON (bench/models.py,
-    bench/ddp.py: each has markdown_section and chart), its chart written to
-    `png` (appended to `written`)."""
+    """The page's section of bench/<module>.py's results JSON, its chart
+    written to `png` (then appended to `written`)."""
     import importlib
 
     mod = importlib.import_module(module)
-    data = load(results)
-    rel_png = None
-    if mod.chart(data, png):
+    text, made = render_section(mod.markdown_section, mod.chart, load(results), png, md_path)
+    if made:
         written.append(png)
-        rel_png = os.path.relpath(os.path.abspath(png), os.path.dirname(os.path.abspath(md_path)))
     rel = os.path.relpath(results, ROOT) if os.path.isabs(results) else results
-    return mod.markdown_section(data, rel_png) + f"\nResults file: `{rel}`.\n"
+    return text + f"\nResults file: `{rel}`.\n"
 
 
 def main(argv=None) -> int:
