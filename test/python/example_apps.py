@@ -20,8 +20,11 @@ def cmake(*args, env=None, cwd=None, timeout=900):
 
 
 def launcher_args():
-    # ccache keeps the repeated example builds fast.
-    return ["-DCMAKE_CXX_COMPILER_LAUNCHER=ccache"] if shutil.which("ccache") else []
+    # ccache keeps the repeated example builds fast.  NB: by its path: the
+    # user environment an example builds in may not have it on its PATH
+    # (requirements-test.txt puts it beside the build's Python).
+    ccache = shutil.which("ccache")
+    return [f"-DCMAKE_CXX_COMPILER_LAUNCHER={ccache}"] if ccache else []
 
 
 def build_example(name: str, prefix_path: str, build: Path, env=None) -> Path:

@@ -11,8 +11,9 @@ examples/cpp_inference.  Also the Python package of `cmake --install`, and
 `torchfuse.utils.cmake_prefix_path` of a development build.
 
 The wheel is built in BUILD_DIR-wheel/ with the build's compiler, so that
-ccache (the Makefile's CCACHE_DIR), where installed, serves the objects
-`make build` compiled; without it the wheel compiles everything again.
+ccache (requirements-test.txt installs it; the Makefile's CCACHE_DIR) serves
+the objects `make build` compiled; without it the wheel compiles everything
+again.
 """
 
 import fcntl
