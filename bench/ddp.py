@@ -56,11 +56,10 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from benchmark import ROOT, free_memory, git_commit, rel_err, slug  # noqa: E402
+from benchmark import ROOT, Timer, free_memory, git_commit, rel_err, slug  # noqa: E402
 from report import load, pyplot, save_chart, section_page  # noqa: E402
 
 VARIANTS = ["eager", "torchscript", "torchfuse"]
-SHORT = {"eager": "eager", "torchscript": "script", "torchfuse": "torchfuse"}
 ROUNDS = 5
 MEMORY_STEPS = 3  # steps whose peak is a variant's peak memory
 LR, MOMENTUM = 0.01, 0.9
@@ -106,28 +105,6 @@ def graphs(module) -> dict:
     return {name: str(m.graph) for name, m in module.named_modules() if hasattr(m, "graph")}
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _timed_steps(trainer, x, gy, reps, device) -> list[float]:
-    if device.type != "cuda":
-        times = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            trainer.step(x, gy)
-            times.append((time.perf_counter() - t) * 1e3)
-        return times
-    ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-    for s, e in ev:
-        s.record()
-        trainer.step(x, gy)
-        e.record()
-    torch.cuda.synchronize(device)
-    return [s.elapsed_time(e) for s, e in ev]
-
-
 def worker(rank, world, backend, store, out_dir, a):
     dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
     try:
@@ -144,18 +121,18 @@ def worker(rank, world, backend, store, out_dir, a):
         x = torch.randn(a.batch, 3, a.resolution, a.resolution, generator=g).to(device)
         gy = torch.randn(a.batch, a.classes, generator=g).to(device)
         res = {"rank": rank, "variants": {}}
+        timer = Timer(device)  # its sync is the current device's
 
         # 1. check: one step from the same weights
         trainers = {v: Trainer(v, master, device) for v in VARIANTS}
         firsts = {}
         for v, t in trainers.items():
-            out = t.step(x, gy)
-            firsts[v] = ([out.detach()], [p.grad.detach().clone() for p in t.ddp.parameters()])
+            firsts[v] = (t.step(x, gy).detach(), [p.grad.detach().clone() for p in t.ddp.parameters()])
+        ref_out, ref_grads = firsts["eager"]
         for v in VARIANTS:
-            outs, grads = firsts[v]
-            ref_outs, ref_grads = firsts["eager"]
+            out, grads = firsts[v]
             res["variants"][v] = {
-                "err_vs_eager": {"out": rel_err(outs[0], ref_outs[0]),
+                "err_vs_eager": {"out": rel_err(out, ref_out),
                                  "grads": max((rel_err(gr, rg) for gr, rg in zip(grads, ref_grads)), default=0.0)},
                 "fused": {k: n for k, n in torchfuse.report(trainers[v].module).items() if n}
                 if v != "eager" else {},
@@ -171,19 +148,19 @@ def worker(rank, world, backend, store, out_dir, a):
         # order and again in reverse, so that none is always measured first
         peaks = {v: [] for v in VARIANTS}
         for v in (VARIANTS + VARIANTS[::-1]) if device.type == "cuda" else []:
-            _sync(device)
+            timer.sync()
             base = torch.cuda.memory_allocated(device)
             t = Trainer(v, master, device)
             for _ in range(a.warmup):
                 t.step(x, gy)
-            _sync(device)
+            timer.sync()
             torch.cuda.reset_peak_memory_stats(device)
             # NB: several steps: with more than one process, when DDP's
             # all-reduce on NCCL's stream lets go of a bucket depends on the
             # timing of the two streams, so one step's peak varies
             for _ in range(MEMORY_STEPS):
                 t.step(x, gy)
-            _sync(device)
+            timer.sync()
             peaks[v].append((torch.cuda.max_memory_allocated(device) - base) / 2**20)
             del t
             free_memory()
@@ -196,12 +173,13 @@ def worker(rank, world, backend, store, out_dir, a):
         for t in trainers.values():
             for _ in range(a.warmup):
                 t.step(x, gy)
-        _sync(device)
+        timer.sync()
         times = {v: [] for v in VARIANTS}
         for r in range(ROUNDS):
             order = VARIANTS[r % len(VARIANTS):] + VARIANTS[:r % len(VARIANTS)]
             for v in order:
-                times[v] += _timed_steps(trainers[v], x, gy, a.reps, device)
+                # NB: no warm-up and no target time: exactly a.reps steps
+                times[v] += timer.measure(lambda i, t=trainers[v]: t.step(x, gy), lambda: None, 0, a.reps, 0.0)
         for v in VARIANTS:
             res["variants"][v].update(median_ms=statistics.median(times[v]), min_ms=min(times[v]),
                                       max_ms=max(times[v]), steps=len(times[v]))
