@@ -1,5 +1,9 @@
 #include "ops/cuda/conv/operands.h"
 
+#include <ATen/cuda/CUDAContext.h>
+
+#include "kernels/conv/grad_sums.cuh"
+
 namespace torchfuse::ops::conv_cuda {
 namespace {
 
@@ -76,10 +80,30 @@ GradSums::GradSums(
 }
 
 std::tuple<at::Tensor, at::Tensor> GradSums::reduce(int64_t parts, at::ScalarType dtype) const {
-  const auto total = [&](const at::Tensor& t) {
-    return t.defined() ? t.narrow(0, 0, parts).sum(0).to(dtype) : at::Tensor();
+  // NB: one launch for both totals, where ATen's narrow, sum and cast take
+  // six operator calls and four launches: small training steps are bound
+  // by that host time, not by the GPU.
+  const auto& like = g.defined() ? g : dy;
+  if (!like.defined()) {
+    return {};
+  }
+  const int64_t channels = like.size(1);
+  const auto total = [&](const at::Tensor& rows) {
+    return rows.defined() ? at::empty({channels}, rows.options().dtype(dtype)) : at::Tensor();
   };
-  return {total(g), total(dy)};
+  auto grad_bias = total(g);
+  auto grad_channels = total(dy);
+  const auto out = [](const at::Tensor& t, auto tag) {
+    using scalar_t = decltype(tag);
+    return t.defined() ? cudaPtr<scalar_t>(t) : nullptr;
+  };
+  TORCHFUSE_DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add_backward", [&] {
+    kernels::convGradSumsTotal<CudaType<scalar_t>::type>(
+        gPtr(), dyPtr(), parts, channels, out(grad_bias, scalar_t{}), out(grad_channels, scalar_t{}),
+        at::cuda::getCurrentCUDAStream());
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {grad_bias, grad_channels};
 }
 
 } // namespace torchfuse::ops::conv_cuda
