@@ -314,6 +314,11 @@ def free_memory() -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+        # NB: cuBLAS's and cuBLASLt's workspaces (32 MiB and more on sm_90)
+        # stay allocated once a unit's GEMMs created them; released here,
+        # each unit allocates its own again, so that a peak or a memory
+        # baseline taken after this does not depend on the units before it.
+        torch._C._cuda_clearCublasWorkspaces()
         torch.cuda.empty_cache()
 
 

@@ -45,10 +45,12 @@ Metrics, per (model, mode, variant):
   device; torch.cuda.reset_peak_memory_stats, then max_memory_allocated
   (includes the model's parameters), less what was allocated before the
   unit built its model (the input and output gradients, the same for every
-  variant of a mode, included).  NB: torch.jit.freeze's result keeps its
-  constants' memory allocated after it is deleted (H100, torch 2.11: one
-  parameter copy per call), so memory that earlier units leave behind is
-  not counted against later ones;
+  variant of a mode, included).  cuBLAS's workspaces are released before
+  the step (benchmark.free_memory), so that each variant's peak counts
+  those its own GEMMs allocate, whichever unit ran first.  NB:
+  torch.jit.freeze's result keeps its constants' memory allocated after it
+  is deleted (H100, torch 2.11: one parameter copy per call), so memory
+  that earlier units leave behind is not counted against later ones;
 - errors of the output(s) and, in train mode, of every parameter gradient
   against eager and against a float64 run of the same model (the mode's
   parameters and input, upcast): max|x - ref| / max|ref| per tensor, the
