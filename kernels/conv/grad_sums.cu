@@ -63,12 +63,12 @@ void convGradSumsTotal(
     return;
   }
   const dim3 blocks(static_cast<unsigned>((channels + 31) / 32), 2);
-  gradSumsTotalKernel<T><<<blocks, kThreads, 0, stream>>>(
-      rows_a, rows_b, parts, channels, out_a, out_b);
+  gradSumsTotalKernel<T>
+      <<<blocks, kThreads, 0, stream>>>(rows_a, rows_b, parts, channels, out_a, out_b);
 }
 
-#define TORCHFUSE_INSTANTIATE(T)                                                               \
-  template void convGradSumsTotal<T>(                                                          \
+#define TORCHFUSE_INSTANTIATE(T)      \
+  template void convGradSumsTotal<T>( \
       const double*, const double*, int64_t, int64_t, T*, T*, cudaStream_t);
 TORCHFUSE_FOR_EACH_FLOAT_TYPE(TORCHFUSE_INSTANTIATE)
 #undef TORCHFUSE_INSTANTIATE

@@ -99,8 +99,8 @@ std::tuple<at::Tensor, at::Tensor> GradSums::reduce(int64_t parts, at::ScalarTyp
   };
   TORCHFUSE_DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add_backward", [&] {
     kernels::convGradSumsTotal<CudaType<scalar_t>::type>(
-        gPtr(), dyPtr(), parts, channels, out(grad_bias, scalar_t{}), out(grad_channels, scalar_t{}),
-        at::cuda::getCurrentCUDAStream());
+        gPtr(), dyPtr(), parts, channels, out(grad_bias, scalar_t{}),
+        out(grad_channels, scalar_t{}), at::cuda::getCurrentCUDAStream());
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {grad_bias, grad_channels};
