@@ -93,14 +93,13 @@ std::tuple<at::Tensor, at::Tensor> GradSums::reduce(int64_t parts, at::ScalarTyp
   };
   auto grad_bias = total(g);
   auto grad_channels = total(dy);
-  const auto out = [](const at::Tensor& t, auto tag) {
-    using scalar_t = decltype(tag);
-    return t.defined() ? cudaPtr<scalar_t>(t) : nullptr;
-  };
   TORCHFUSE_DISPATCH_KERNEL_TYPES(dtype, "custom_conv_relu_add_backward", [&] {
+    const auto out = [](const at::Tensor& t) {
+      return t.defined() ? cudaPtr<scalar_t>(t) : nullptr;
+    };
     kernels::convGradSumsTotal<CudaType<scalar_t>::type>(
-        gPtr(), dyPtr(), parts, channels, out(grad_bias, scalar_t{}),
-        out(grad_channels, scalar_t{}), at::cuda::getCurrentCUDAStream());
+        gPtr(), dyPtr(), parts, channels, out(grad_bias), out(grad_channels),
+        at::cuda::getCurrentCUDAStream());
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {grad_bias, grad_channels};
