@@ -203,6 +203,7 @@ class ChannelsLastConversion {
       w->replaceAllUsesWith(converted);
       w->node()->destroy();
     }
+    replaceSqueezes();
     return static_cast<int64_t>(weights.size());
   }
 
@@ -498,6 +499,31 @@ class ChannelsLastConversion {
       exits.emplace_back(v, point);
     }
     return exits;
+  }
+
+  // The region's adaptive_avg_pool2d(v, 1) become custom_spatial_mean(v):
+  // the same values and strides for any input layout (the op is the
+  // original wherever its kernel does not run), without the global staging
+  // buffer ATen's mean takes on channels-last inputs.
+  void replaceSqueezes() {
+    for (Node*& n : region_.nodes) {
+      if (n->kind() != sym("aten::adaptive_avg_pool2d")) {
+        continue;
+      }
+      const auto size = constantInts(n->input(1));
+      if (!size || size->empty() || size->size() > 2 ||
+          std::any_of(size->begin(), size->end(), [](int64_t e) { return e != 1; })) {
+        continue;
+      }
+      Node* mean = graph_->create(sym("torchfuse::custom_spatial_mean"), {n->input(0)}, 1);
+      mean->output()->setType(n->output()->type());
+      mean->insertBefore(n);
+      region_.values.erase(n->output());
+      region_.values.insert(mean->output());
+      n->output()->replaceAllUsesWith(mean->output());
+      n->destroy();
+      n = mean;
+    }
   }
 
   void insertRestore(Value* v, Node* point) {

@@ -131,6 +131,10 @@ TORCHFUSE_API at::Tensor custom_batch_norm_add_div_swish_eval(
 
 TORCHFUSE_API at::Tensor custom_relu(const at::Tensor& input);
 
+// adaptive_avg_pool2d(input, [1, 1]): the mean over H and W, kept as [N, C,
+// 1, 1] (the squeeze of a squeeze-and-excitation block).
+TORCHFUSE_API at::Tensor custom_spatial_mean(const at::Tensor& input);
+
 // NB: an app that only loads an optimized .pt references no symbol of the ops
 // library, and `--as-needed` would drop it along with its op registrations.
 // Every translation unit that includes this header references version().
