@@ -1,3 +1,4 @@
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <torch/library.h>
 
 #include "ops/common/autograd_utils.h"
