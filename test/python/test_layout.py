@@ -171,6 +171,37 @@ def test_torchvision_channels_last(name, kind):
     check(model, m, inputs(3, size=32)[kind], rtol=1e-3)
 
 
+class Pools(nn.Module):
+    """A squeeze (output 1) and an adaptive pool to 2 x 2, both in the region."""
+
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(3, 8, 3, 1, 1)
+
+    def forward(self, x):
+        y = F.silu(self.c(x))
+        return F.adaptive_avg_pool2d(y, 1) * y, F.adaptive_avg_pool2d(y, [2, 2])
+
+
+def test_region_squeezes_become_custom_spatial_mean():
+    model = randomize_bn(SmallCnn()).eval()
+    m = optimized(model, "channels_last")
+    graph = str(m.graph)
+    assert graph.count("torchfuse::custom_spatial_mean(") == 2
+    assert "aten::adaptive_avg_pool2d" not in graph
+    # negative: only output size 1 is a squeeze
+    pools = Pools().eval()
+    m = optimized(pools, "channels_last")
+    graph = str(m.graph)
+    assert graph.count("torchfuse::custom_spatial_mean(") == 1
+    assert graph.count("aten::adaptive_avg_pool2d(") == 1
+    for kind in ("nchw", "channels_last"):
+        check(pools, m, inputs(3)[kind])
+    # negative: nothing converted, nothing replaced
+    kept = optimized(pools, "keep")
+    assert "custom_spatial_mean" not in str(kept.graph)
+
+
 def test_auto_keeps_nchw_on_cpu_and_keep_keeps_it_anywhere():
     model = randomize_bn(SmallCnn()).eval()
     for layout in ("auto", "keep"):

@@ -203,6 +203,11 @@ TEST(ConvertToChannelsLast, KeepsCatPoolingBatchNormAndTheSeGateInside) {
   EXPECT_EQ(force(converted), 2);
   converted->lint();
   FileCheck().check_count("torchfuse::custom_restore_layout", 1, /*exactly=*/true)->run(*converted);
+  // The squeeze: the same values and strides, without ATen's NHWC staging.
+  FileCheck()
+      .check_not("aten::adaptive_avg_pool2d")
+      ->check("torchfuse::custom_spatial_mean(")
+      ->run(*converted);
   FileCheck()
       .check("aten::cat")
       ->check_next("torchfuse::custom_restore_layout(")
