@@ -10,9 +10,9 @@
 namespace torchfuse::kernels {
 
 struct SpatialMeanArgs {
-  int64_t n, c, hw;  // x is [n][hw][c] in memory; out is [n][c]
-  float factor;      // what each sum is multiplied by (ATen's 1 / hw)
-  int sms;           // the device's multiprocessors, to size the split
+  int64_t n, c, hw; // x is [n][hw][c] in memory; out is [n][c]
+  float factor;     // what each sum is multiplied by (ATen's 1 / hw)
+  int sms;          // the device's multiprocessors, to size the split
 };
 
 // Float32 elements of workspace spatialMeanNhwc needs for these extents (0
