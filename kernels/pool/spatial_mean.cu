@@ -1,7 +1,7 @@
 // spatialMeanNhwc: a block per (32 channels, image, split); its 32 lanes
 // read 32 consecutive channels of a position (whole 32-byte sectors), its 16
-// rows stride over the split's positions, then a fixed-order tree adds the
-// rows in shared memory.
+// rows stride over the split's positions, kUnroll positions a step, then a
+// fixed-order tree adds the rows in shared memory.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -16,13 +16,15 @@ namespace {
 
 constexpr int kLanes = 32;
 constexpr int kRows = 16;
+constexpr int kUnroll = 8;
 // Positions a split takes at least: below this the second launch costs
 // more than the parallelism gains.
 constexpr int64_t kMinSplitPositions = 256;
 
 int64_t splitsFor(const SpatialMeanArgs& a) {
   const int64_t blocks = a.n * ((a.c + kLanes - 1) / kLanes);
-  const int64_t wanted = (2 * int64_t(a.sms) + blocks - 1) / blocks;
+  // NB: about four blocks of kLanes * kRows threads fill a multiprocessor.
+  const int64_t wanted = (4 * int64_t(a.sms) + blocks - 1) / blocks;
   return std::max<int64_t>(1, std::min<int64_t>({wanted, a.hw / kMinSplitPositions, 65535}));
 }
 
@@ -40,7 +42,22 @@ __device__ float blockSum(
   float sum = 0.0f;
   if (ch < a.c) {
     const T* base = x + image * a.hw * a.c + ch;
-    for (int64_t p = p0 + threadIdx.y; p < p1; p += kRows) {
+    int64_t p = p0 + threadIdx.y;
+    // NB: kUnroll independent loads in flight per thread: one warp's load is
+    // only 32 channels (64 bytes in 16-bit types), too little to cover the
+    // memory latency on its own.
+    for (; p + (kUnroll - 1) * kRows < p1; p += kUnroll * kRows) {
+      float v[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        v[u] = toFloat(base[(p + u * kRows) * a.c]);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        sum += v[u];
+      }
+    }
+    for (; p < p1; p += kRows) {
       sum += toFloat(base[p * a.c]);
     }
   }
