@@ -117,9 +117,10 @@ def test_cuda_other_layouts_are_the_original(dtype):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_kernel_needs_no_staging_buffer():
-    # NB: ATen's mean of this channels-last input allocates a staging buffer
-    # several times the input's size; the kernel's workspace is at most a
-    # few partial sums per output.
+    # NB: ATen's mean of a channels-last input stages through a global
+    # buffer (135 MiB for 64 such images); the kernel's workspace is at most
+    # one float32 partial sum per output and split, and a split takes at
+    # least 256 positions.
     x = torch.randn(4, 32, 112, 112, device="cuda", dtype=torch.float16)
     x = x.contiguous(memory_format=torch.channels_last)
     OP(x)
@@ -129,4 +130,4 @@ def test_cuda_kernel_needs_no_staging_buffer():
     out = OP(x)
     torch.cuda.synchronize()
     extra = torch.cuda.max_memory_allocated() - base - out.untyped_storage().nbytes()
-    assert extra <= 4 * 64 * out.numel(), extra
+    assert extra <= (112 * 112 // 256) * out.numel() * 4, extra
