@@ -29,6 +29,14 @@ def samples(device="cpu", dtype=torch.float32):
     ]
 
 
+def kernel_takes(x):
+    """The CUDA kernel's domain: dense NHWC strides, 16/32-bit floats."""
+    if x.dim() != 4 or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return False
+    n, c, h, w = x.shape
+    return x.stride() == (h * w * c, 1, w * c, c)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_cpu_is_the_original(dtype):
     for x in samples(dtype=dtype):
@@ -108,7 +116,11 @@ def test_cuda_nan_and_inf_as_eager():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
 def test_cuda_other_layouts_are_the_original(dtype):
+    # NB: the dense channels-last inputs the kernel takes sum in another
+    # order than ATen: test_cuda_kernel_against_float64 covers them.
     for x in samples(device="cuda", dtype=dtype):
+        if kernel_takes(x):
+            continue
         want = F.adaptive_avg_pool2d(x, 1)
         got = OP(x)
         assert torch.equal(got, want) and got.stride() == want.stride()
@@ -129,5 +141,7 @@ def test_cuda_kernel_needs_no_staging_buffer():
     base = torch.cuda.memory_allocated()
     out = OP(x)
     torch.cuda.synchronize()
+    # NB: the caching allocator rounds each block up to 512 bytes, the
+    # output's 256 bytes included.
     extra = torch.cuda.max_memory_allocated() - base - out.untyped_storage().nbytes()
-    assert extra <= (112 * 112 // 256) * out.numel() * 4, extra
+    assert extra <= (112 * 112 // 256) * out.numel() * 4 + 512, extra
