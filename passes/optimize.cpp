@@ -370,7 +370,8 @@ torch::jit::Module optimize(
   // NB: after the fusions, which match the conv chains it then treats as
   // convolutions.
   if (options.freeze && options.layout != Layout::Keep && onlyForwardIsKept(result)) {
-    passes::ConvertToChannelsLast(graph, options.layout == Layout::ChannelsLast);
+    counts.channels_last_weights =
+        passes::ConvertToChannelsLast(graph, options.layout == Layout::ChannelsLast);
   }
   torch::jit::EliminateDeadCode(graph);
   const bool fused = std::any_of(

@@ -54,6 +54,9 @@ struct FusionReport {
   // and at the end.
   int64_t nodes_before = 0;
   int64_t nodes_after = 0;
+  // With freeze: the 2-d convolutions' weights stored channels-last
+  // (ConvertToChannelsLast); 0 where the graph keeps its layout.
+  int64_t channels_last_weights = 0;
 };
 
 // Runs Canonicalize, then the fusions named in `passes` (empty: those on by

@@ -199,7 +199,8 @@ def test_report_json_has_the_same_content(cli, tmp_path, linear_pt):
     assert proc.returncode == EXIT_OK, proc.stderr
     report = json.loads(report_path.read_text())
     assert report["input"] == str(linear_pt)
-    assert report["freeze"] is True
+    assert report["freeze"] is True and report["device"] == "cpu"
+    assert report["channels_last_weights"] == 0  # no 2-d convolution
     assert report["fused"] == {
         "linear_add_relu": 1, "conv_relu_add": 0, "conv_act_max_pool": 0, "conv_add_act": 0,
         "batch_norm_add_div_swish": 0, "linear_act": 0, "add_layer_norm": 0, "relu": 0,
@@ -462,11 +463,60 @@ def test_failed_check_writes_nothing(cli, tmp_path, existing_out):
     )
 
 
-def test_cuda_device_without_cuda(cli, tmp_path, linear_pt):
+@pytest.mark.parametrize("check", [True, False], ids=["check", "no-check"])
+def test_cuda_device_without_cuda(cli, tmp_path, linear_pt, check):
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
     out = tmp_path / "out.pt"
-    proc = run(cli, linear_pt, out, "--check", "--input-shape", "2x16", "--device", "cuda")
+    args = ["--check", "--input-shape", "2x16"] if check else []
+    proc = run(cli, linear_pt, out, *args, "--device", "cuda")
     assert proc.returncode == EXIT_USAGE
+    assert proc.stderr.count("\n") == 1, proc.stderr
     assert "--device cuda: no CUDA device is available" in proc.stderr
     assert not out.exists()
+
+
+def test_device_cpu_without_check_is_accepted(cli, tmp_path, linear_pt):
+    out = tmp_path / "out.pt"
+    proc = run(cli, linear_pt, out, "--freeze", "--device", "cpu")
+    assert proc.returncode == EXIT_OK, proc.stderr
+    assert "(on cpu, frozen)" in proc.stdout
+    assert re.search(r"layout: 0 convolution weights stored channels-last", proc.stdout), proc.stdout
+    assert torchfuse_ops_in(out) == ["custom_linear_add_relu"]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_cuda_saved_resnet50_is_fused_channels_last_and_checked(cli, tmp_path, dtype):
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.resnet50(weights=None)
+    # NB: running statistics of random inputs, as a trained model has (the
+    # initial ones let deep layers overflow float16)
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.momentum = None
+    with torch.no_grad():
+        for _ in range(2):
+            model(torch.randn(4, 3, 64, 64))
+    model = model.eval().to(getattr(torch, dtype))
+    src = tmp_path / "resnet50.pt"
+    torch.jit.script(model).save(str(src))  # saved with CPU tensors
+    out, report = tmp_path / "resnet50.opt.pt", tmp_path / "r.json"
+    proc = run(cli, src, out, "--freeze", "--check", "--input-shape", "2x3x64x64", "--dtype", dtype,
+               "--device", "cuda", "--report", report)
+    assert proc.returncode == EXIT_OK, proc.stderr
+    r = json.loads(report.read_text())
+    assert r["device"] == "cuda" and r["check"]["passed"] and r["check"]["device"] == "cuda"
+    # 16 bottlenecks: each block's last conv with the residual add and relu,
+    # and the other convs with their relu (BN folded by the freeze)
+    assert r["fused"]["conv_add_act"] >= 16 and r["fused"]["conv_act_max_pool"] == 1, r["fused"]
+    # NB: the saved model's 4-d constants are its convolution weights: on
+    # the GPU, every one channels-last (the cost model's choice for resnet50)
+    saved = torch.jit.load(str(out))
+    weights = [c.output().toIValue() for c in saved.graph.findAllNodes("prim::Constant")
+               if c.output().type().kind() == "TensorType"]
+    weights = [w for w in weights if w.dim() == 4]
+    assert len(weights) == r["channels_last_weights"] > 0, (len(weights), r["channels_last_weights"])
+    assert all(w.is_cuda and w.is_contiguous(memory_format=torch.channels_last) for w in weights)

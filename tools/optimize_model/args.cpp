@@ -219,8 +219,6 @@ Options parseArgs(const std::vector<std::string>& args) {
       if (opts.device != "cpu" && opts.device != "cuda" && !cuda_index) {
         usageError("unknown --device '" + opts.device + "'; expected cpu, cuda or cuda:N");
       }
-      any_check_option = true;
-      check_option_seen = name;
     } else if (name == "--rtol") {
       opts.rtol = parseTolerance(name, value());
       any_check_option = true;
@@ -345,6 +343,10 @@ options:
                         says it is faster; channels_last does so on any
                         device; keep leaves them; outputs keep the original's
                         memory format either way
+  --device=D            load, optimize and check the model on D: cpu
+                        (default), cuda or cuda:N; on CUDA, --layout=auto can
+                        store the weights channels-last; OUT.pt's tensors are
+                        on D (load it elsewhere with map_location)
   --passes=a,b,...      run only these passes (in the pipeline's own order);
                         )" +
       defaultPassesText() + R"(
@@ -357,7 +359,6 @@ options:
                         with --check)
     --dtype=T           dtype of the inputs: float32 (default), float16,
                         bfloat16, float64; the model's parameters must match
-    --device=D          cpu (default), cuda or cuda:N
     --rtol=R, --atol=A  override the dtype's tolerance; an output element
                         passes when |optimized - original| <= A + R*|original|
                         default (rtol, atol): float64 (1e-7, 1e-7),

@@ -364,7 +364,8 @@ void AtomicFile::commit() {
 
 std::string formatText(const RunReport& r) {
   std::ostringstream o;
-  o << "optimize-model: " << r.input << " -> " << r.output << (r.freeze ? " (frozen)" : "") << "\n";
+  o << "optimize-model: " << r.input << " -> " << r.output << " (on " << r.device
+    << (r.freeze ? ", frozen)" : ")") << "\n";
   o << "  fused chains:\n";
   for (const auto& name : torchfuse::passNames()) {
     const auto found = r.fusion.fused.find(name);
@@ -379,6 +380,10 @@ std::string formatText(const RunReport& r) {
     }
   }
   o << "  nodes: " << r.fusion.nodes_before << " -> " << r.fusion.nodes_after << "\n";
+  if (r.freeze) {
+    o << "  layout: " << r.fusion.channels_last_weights
+      << " convolution weights stored channels-last\n";
+  }
   if (r.check) {
     const auto& c = *r.check;
     o << "  check on " << r.check_device << ", " << r.check_dtype << " inputs " << r.check_shapes
@@ -406,6 +411,7 @@ std::string formatJson(const RunReport& r) {
   o << "{\n";
   o << "  \"input\": " << jsonString(r.input) << ",\n";
   o << "  \"output\": " << jsonString(r.output) << ",\n";
+  o << "  \"device\": " << jsonString(r.device) << ",\n";
   o << "  \"freeze\": " << (r.freeze ? "true" : "false") << ",\n";
   o << "  \"passes\": [";
   const auto& passes = r.passes.empty() ? torchfuse::passNames() : r.passes;
@@ -424,6 +430,7 @@ std::string formatJson(const RunReport& r) {
   o << "  },\n";
   o << "  \"nodes_before\": " << r.fusion.nodes_before << ",\n";
   o << "  \"nodes_after\": " << r.fusion.nodes_after << ",\n";
+  o << "  \"channels_last_weights\": " << r.fusion.channels_last_weights << ",\n";
   o << "  \"time_s\": {\"load\": " << jsonNumber(r.times.load_s)
     << ", \"optimize\": " << jsonNumber(r.times.optimize_s)
     << ", \"save\": " << jsonNumber(r.times.save_s)

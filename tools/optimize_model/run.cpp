@@ -134,9 +134,10 @@ int run(const Options& opts) {
   const auto output_target = writeTarget(opts.output, "OUT.pt");
   const auto report_target =
       opts.report_path.empty() ? std::string() : writeTarget(opts.report_path, "--report");
+  const auto device = checkDevice(opts.device);
   CheckSpec spec;
   if (opts.check) {
-    spec.device = checkDevice(opts.device);
+    spec.device = device;
     spec.shapes = opts.input_shapes;
     spec.shape_spec = opts.input_shape_spec;
     spec.dtype = parseDtype(opts.dtype);
@@ -160,11 +161,14 @@ int run(const Options& opts) {
   report.input = opts.input;
   report.output = opts.output;
   report.freeze = opts.freeze;
+  report.device = device.str();
   report.passes = opts.passes;
 
   step("loading " + opts.input);
   auto t = Clock::now();
-  auto module = loadInput(opts.input, c10::Device(c10::kCPU));
+  // NB: on the device it will run on, so that the layout decision
+  // (Layout::Auto) sees where the weights are.
+  auto module = loadInput(opts.input, device);
   if (!module.find_method("forward")) {
     throw ToolError(kLoad, "'" + opts.input + "' has no forward method");
   }
@@ -205,7 +209,7 @@ int run(const Options& opts) {
     optimized.save(out);
     bytes = out.str();
     std::istringstream in(bytes);
-    reloaded = torch::jit::load(in, opts.check ? spec.device : c10::Device(c10::kCPU));
+    reloaded = torch::jit::load(in, device);
   } catch (const std::exception& e) {
     throw ToolError(kOptimize, "the optimized model does not load back: " + errorLine(e));
   }
@@ -219,7 +223,7 @@ int run(const Options& opts) {
   if (opts.check) {
     step("checking on " + spec.device.str());
     t = Clock::now();
-    auto original = loadInput(opts.input, spec.device);
+    auto original = loadInput(opts.input, device);
     {
       Progress progress(!quiet);
       report.check = checkAccuracy(
