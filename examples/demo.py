@@ -131,7 +131,8 @@ def real_model(device, show_graph):
         with torch.no_grad():
             err = (optimized(x) - original(x)).abs().max().item()
         before, after = median_ms(original, x, device), median_ms(optimized, x, device)
-        print(f"   check passed; chains fused: {fused}; max |difference| {err:.1e}")
+        print(f"   check passed; chains fused: {fused}; convolution weights stored channels-last: "
+              f"{report.get('channels_last_weights', 0)}; max |difference| {err:.1e}")
         print(f"   time per call: {before:.2f} ms original, {after:.2f} ms optimized "
               f"({before / after:.2f}×)")
         if show_graph:
