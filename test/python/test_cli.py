@@ -463,6 +463,57 @@ def test_failed_check_writes_nothing(cli, tmp_path, existing_out):
     )
 
 
+class ConvBnRelu(torch.nn.Module):
+    """Freezing folds the BatchNorm into the conv: the outputs round
+    differently (about 2e-6 here), as close to the exact ones."""
+
+    def __init__(self, plain_attribute=False):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(16)
+        # NB: a tensor attribute that is no buffer stays float32 under
+        # Module::to(float64): the float64 run then fails
+        self.proj = torch.randn(16, 16)
+        self.plain_attribute = plain_attribute
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-1, 1)
+            self.bn.running_var.uniform_(0.5, 2)
+            self.bn.weight.uniform_(0.5, 2)
+            self.bn.bias.uniform_(-1, 1)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        if self.plain_attribute:
+            y = y.transpose(1, 3) @ self.proj
+        return y
+
+
+def test_beyond_the_tolerance_the_check_judges_against_float64(cli, tmp_path):
+    src = save_scripted(ConvBnRelu(), tmp_path / "cbr.pt")
+    report = tmp_path / "r.json"
+    atol = 1e-6
+    proc = run(cli, src, tmp_path / "out.pt", "--freeze", "--check", "--input-shape", "4x16x16x16",
+               "--rtol", "0", "--atol", atol, "--report", report)
+    assert proc.returncode == EXIT_OK, proc.stderr
+    check = json.loads(report.read_text())["check"]
+    assert check["passed"] and check["mismatched"] > 0 and check["max_abs_error"] > atol, check
+    f64 = check["float64"]
+    assert 0 < f64["optimized_error"] <= 2 * f64["original_error"] + atol, f64
+    assert "against a float64 run of the original" in proc.stdout
+
+
+def test_no_float64_run_no_judgement(cli, tmp_path):
+    src = save_scripted(ConvBnRelu(plain_attribute=True), tmp_path / "cbr.pt")
+    out = tmp_path / "out.pt"
+    proc = run(cli, src, out, "--freeze", "--check", "--input-shape", "4x16x16x16",
+               "--rtol", "0", "--atol", "0")
+    assert proc.returncode == EXIT_CHECK, proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert "outputs differ beyond the float32 tolerance" in proc.stderr
+    assert "a float64 run of the original model, to judge them by, failed" in proc.stderr
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("check", [True, False], ids=["check", "no-check"])
 def test_cuda_device_without_cuda(cli, tmp_path, linear_pt, check):
     if torch.cuda.is_available():

@@ -1,7 +1,8 @@
 #pragma once
 
 // --check: run the original and the optimized model on the same random
-// inputs and compare their outputs within a dtype-keyed tolerance.
+// inputs and compare their outputs within a dtype-keyed tolerance; where
+// they differ beyond it, judge them against a float64 run of the original.
 
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
@@ -43,6 +44,13 @@ struct CheckResult {
   double original_ms = 0;    // median time of one forward
   double optimized_ms = 0;
   int runs = 0;              // timed runs of each model
+  // Where outputs differ beyond the tolerance (and the dtype is not
+  // float64): the largest error of each model against a float64 run of the
+  // original, over the tensor outputs; the check passes when the optimized
+  // model's is at most 2x the original's plus atol, per output.
+  bool float64_judged = false;
+  double original_error_vs_float64 = 0;
+  double optimized_error_vs_float64 = 0;
   bool passed = false;
   std::string failure;       // why it failed, one line; empty when passed
 };

@@ -354,6 +354,8 @@ options:
                         random inputs, print the max absolute and relative
                         error and the time of each, and fail (exit 5, nothing
                         saved) when the outputs differ beyond the tolerance
+                        and the optimized model's error against a float64
+                        run of the original is above 2x the original's + atol
     --input-shape=S     shapes of the random inputs, one per forward argument,
                         comma-separated: 1x3x224x224 or 1x16,1x32 (required
                         with --check)

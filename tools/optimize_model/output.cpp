@@ -391,6 +391,10 @@ std::string formatText(const RunReport& r) {
     o << "    max abs error " << std::setprecision(3) << c.max_abs_error << ", max rel error "
       << c.max_rel_error << " (tolerance rtol " << r.check_tolerance.rtol << ", atol "
       << r.check_tolerance.atol << ")\n";
+    if (c.float64_judged) {
+      o << "    against a float64 run of the original: max abs error " << c.optimized_error_vs_float64
+        << " (the original's " << c.original_error_vs_float64 << "; at most 2x + atol passes)\n";
+    }
     o << std::fixed << std::setprecision(3);
     o << "    original  " << std::setw(10) << c.original_ms << " ms/run\n";
     o << "    optimized " << std::setw(10) << c.optimized_ms << " ms/run  (median of " << c.runs
@@ -451,6 +455,11 @@ std::string formatJson(const RunReport& r) {
       << "    \"max_rel_error\": " << jsonNumber(c.max_rel_error) << ",\n"
       << "    \"elements\": " << c.elements << ",\n"
       << "    \"mismatched\": " << c.mismatched << ",\n"
+      << "    \"float64\": "
+      << (c.float64_judged ? "{\"original_error\": " + jsonNumber(c.original_error_vs_float64) +
+                 ", \"optimized_error\": " + jsonNumber(c.optimized_error_vs_float64) + "}"
+                           : std::string("null"))
+      << ",\n"
       << "    \"runs\": " << c.runs << ",\n"
       << "    \"original_ms\": " << jsonNumber(c.original_ms) << ",\n"
       << "    \"optimized_ms\": " << jsonNumber(c.optimized_ms) << "\n"
