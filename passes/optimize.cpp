@@ -262,6 +262,7 @@ FusionReport fuseGraph(
   FusionReport counts;
   counts.nodes_before = passes::countNodes(graph->block());
   passes::Canonicalize(graph);
+  counts.attention_masks_dropped = passes::DropAllTrueAttentionMasks(graph);
   for (const auto& f : fusions()) {
     const bool run = passes.empty() ? f.by_default : contains(passes, f.name);
     counts.fused[f.name] = run ? f.run(graph) : 0;
@@ -374,10 +375,11 @@ torch::jit::Module optimize(
         passes::ConvertToChannelsLast(graph, options.layout == Layout::ChannelsLast);
   }
   torch::jit::EliminateDeadCode(graph);
-  const bool fused = std::any_of(
-      counts.fused.begin(), counts.fused.end(), [](const auto& c) { return c.second > 0; });
+  const bool fused = counts.attention_masks_dropped > 0 ||
+      std::any_of(
+          counts.fused.begin(), counts.fused.end(), [](const auto& c) { return c.second > 0; });
   if (!fused && !options.freeze) {
-    // NB: with nothing fused, the result runs the input's own methods and
+    // NB: with nothing fused (or dropped), the result runs the input's own methods and
     // executors.  A fresh executor is not the same program as one that
     // already ran: torch.jit.trace's check runs the traced module under
     // no_grad, so its executor never builds differentiable graphs, and

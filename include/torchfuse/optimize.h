@@ -57,6 +57,9 @@ struct FusionReport {
   // With freeze: the 2-d convolutions' weights stored channels-last
   // (ConvertToChannelsLast); 0 where the graph keeps its layout.
   int64_t channels_last_weights = 0;
+  // Attention masks proven true everywhere and dropped
+  // (DropAllTrueAttentionMasks).
+  int64_t attention_masks_dropped = 0;
 };
 
 // Runs Canonicalize, then the fusions named in `passes` (empty: those on by

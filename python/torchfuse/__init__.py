@@ -156,10 +156,11 @@ def optimize(
 
 def fuse_graph(graph: torch._C.Graph, passes: Optional[Iterable[str]] = None) -> Dict[str, int]:
     """Runs the pipeline's graph stage on ``graph`` in place: the
-    canonicalization, then the fusions (``passes``, default those on by
-    default) in the registry's order, then the in-place relus no fusion took
-    restored.  Returns how many chains each fused, with
-    ``nodes_before`` and ``nodes_after``.  The graph should be inlined and
+    canonicalization, the attention masks proven true everywhere dropped,
+    then the fusions (``passes``, default those on by default) in the
+    registry's order, then the in-place relus no fusion took restored.
+    Returns how many chains each fused, with ``nodes_before``,
+    ``nodes_after`` and ``attention_masks_dropped``.  The graph should be inlined and
     constant-propagated, and must not have been executed yet."""
     if not isinstance(graph, torch._C.Graph):
         raise TypeError(

@@ -380,6 +380,10 @@ std::string formatText(const RunReport& r) {
     }
   }
   o << "  nodes: " << r.fusion.nodes_before << " -> " << r.fusion.nodes_after << "\n";
+  if (r.fusion.attention_masks_dropped > 0) {
+    o << "  attention masks proven true everywhere, dropped: " << r.fusion.attention_masks_dropped
+      << "\n";
+  }
   if (r.freeze) {
     o << "  layout: " << r.fusion.channels_last_weights
       << " convolution weights stored channels-last\n";
@@ -435,6 +439,7 @@ std::string formatJson(const RunReport& r) {
   o << "  \"nodes_before\": " << r.fusion.nodes_before << ",\n";
   o << "  \"nodes_after\": " << r.fusion.nodes_after << ",\n";
   o << "  \"channels_last_weights\": " << r.fusion.channels_last_weights << ",\n";
+  o << "  \"attention_masks_dropped\": " << r.fusion.attention_masks_dropped << ",\n";
   o << "  \"time_s\": {\"load\": " << jsonNumber(r.times.load_s)
     << ", \"optimize\": " << jsonNumber(r.times.optimize_s)
     << ", \"save\": " << jsonNumber(r.times.save_s)
