@@ -706,7 +706,9 @@ def ratio_cell(row: Optional[dict]) -> str:
 def markdown_section(data: dict, png_rel: Optional[str] = None, level: int = 2) -> str:
     h = "#" * level
     g = grouped(data)
-    L = [f"{h} Model zoo", ""]
+    # NB: the GPU in each heading keeps the anchors of several GPUs' sections apart
+    on = f" ({data['gpu']})" if data.get("gpu") else ""
+    L = [f"{h} Model zoo{on}", ""]
     if data.get("dry_run"):
         L += ["> **DRY RUN**: tiny shapes on the CPU. These numbers check the script; they are not measurements.", ""]
     fl = data.get("flags", {})
@@ -737,7 +739,7 @@ def markdown_section(data: dict, png_rel: Optional[str] = None, level: int = 2) 
     L.append("")
     if png_rel:
         L += [f"![torchfuse against the TorchScript module it replaces]({png_rel})", ""]
-    L += [f"{h}# Model zoo: memory, errors, fused chains", "",
+    L += [f"{h}# Model zoo{on}: memory, errors, fused chains", "",
           "Peak MiB of one step (parameters included). Errors: max|x − ref| / max|ref| against the same "
           "model in float64, the worst over the outputs and (train) the parameter gradients; "
           "*eager* is eager's own.", "",
@@ -769,7 +771,7 @@ def markdown_section(data: dict, png_rel: Optional[str] = None, level: int = 2) 
     L.append("")
     sk = data.get("skipped", {})
     if sk:
-        L += [f"{h}# Model zoo: not measured", "", "| Unit | Reason |", "|---|---|"]
+        L += [f"{h}# Model zoo{on}: not measured", "", "| Unit | Reason |", "|---|---|"]
         for k, s in sk.items():
             L.append(f"| {k} | {s['reason'].replace('|', '/')}{' (**failure**)' if s.get('failure') else ''} |")
         L.append("")

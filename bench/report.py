@@ -19,6 +19,7 @@ import argparse
 import glob
 import json
 import os
+import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -407,6 +408,10 @@ def section_page(markdown_section, chart_fn, results: str, md: str | None, png: 
     return 0
 
 
+def gpu_slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
 def section(module: str, results: str, png: str, md_path: str, written: list) -> str:
     """The page's section of bench/<module>.py's results JSON, its chart
     written to `png` (then appended to `written`)."""
@@ -426,10 +431,12 @@ def main(argv=None) -> int:
     ap.add_argument("--md", default=os.path.join(ROOT, "docs", "performance.md"))
     ap.add_argument("--png", default=os.path.join(ROOT, "docs", "performance.png"))
     ap.add_argument("--short", action="store_true", help="print the short table only, write nothing")
-    ap.add_argument("--models", default=None, metavar="JSON",
-                    help="a bench/models.py results JSON: its section and chart are added to the page")
+    ap.add_argument("--models", action="append", default=[], metavar="JSON",
+                    help="a bench/models.py results JSON: its section and chart are added to the page "
+                         "(repeat it for several GPUs' results)")
     ap.add_argument("--models-png", default=None,
-                    help="the model zoo's chart (default: the --png path with -models before .png)")
+                    help="the first model zoo's chart (default: the --png path with -models before .png; "
+                         "further ones add -<gpu>)")
     ap.add_argument("--ddp", default=None, metavar="JSON",
                     help="a bench/ddp.py results JSON: its section and chart (the --png path with -ddp before "
                          ".png) are added to the page")
@@ -452,10 +459,14 @@ def main(argv=None) -> int:
     made = chart(data, a.png)
     written = [a.md] + ([a.png] if made else [])
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    for module, results, spng in (("models", a.models, a.models_png), ("ddp", a.ddp, None)):
-        if results:
-            md += "\n" + section(module, results, spng or os.path.splitext(a.png)[0] + f"-{module}.png", a.md,
-                                  written)
+    base = os.path.splitext(a.png)[0]
+    sections = [("models", r, (a.models_png if i == 0 else None) or
+                 base + "-models" + ("" if i == 0 else "-" + gpu_slug(load(r).get("gpu") or str(i))) + ".png")
+                for i, r in enumerate(a.models)]
+    if a.ddp:
+        sections.append(("ddp", a.ddp, base + "-ddp.png"))
+    for module, results, spng in sections:
+        md += "\n" + section(module, results, spng, a.md, written)
     os.makedirs(os.path.dirname(os.path.abspath(a.md)), exist_ok=True)
     with open(a.md, "w") as f:
         f.write(md + "\n")
