@@ -67,7 +67,8 @@ bool isNone(const Value* v) {
 // Ops whose result's elements are some of their first input's elements
 // (views, expansions, copies): bounds and all-true carry over.
 bool selectsElements(const Node* n) {
-  return n->matches("aten::expand(Tensor(a) self, SymInt[] size, *, bool implicit=False) -> Tensor(a)") ||
+  return n->matches(
+             "aten::expand(Tensor(a) self, SymInt[] size, *, bool implicit=False) -> Tensor(a)") ||
       n->matches("aten::expand_as(Tensor(a) self, Tensor other) -> Tensor(a)") ||
       n->matches("aten::unsqueeze(Tensor(a) self, int dim) -> Tensor(a)") ||
       n->matches("aten::squeeze.dim(Tensor(a) self, int dim) -> Tensor(a)") ||
@@ -77,7 +78,8 @@ bool selectsElements(const Node* n) {
       n->matches("aten::select.int(Tensor(a) self, int dim, SymInt index) -> Tensor(a)") ||
       n->matches("aten::view(Tensor(a) self, SymInt[] size) -> Tensor(a)") ||
       n->matches("aten::reshape(Tensor(a) self, SymInt[] shape) -> Tensor(a)") ||
-      n->matches("aten::contiguous(Tensor(a) self, *, MemoryFormat memory_format=contiguous_format) -> Tensor(a)");
+      n->matches(
+          "aten::contiguous(Tensor(a) self, *, MemoryFormat memory_format=contiguous_format) -> Tensor(a)");
 }
 
 class Prover {
@@ -122,7 +124,8 @@ class Prover {
     if (n->matches(
             "aten::arange.start(Scalar start, Scalar end, *, ScalarType? dtype=None, Layout? layout=None, "
             "Device? device=None, bool? pin_memory=None) -> Tensor")) {
-      return dtype_ok(n->namedInput("dtype")) ? constantNumber(n->namedInput("start")) : std::nullopt;
+      return dtype_ok(n->namedInput("dtype")) ? constantNumber(n->namedInput("start"))
+                                              : std::nullopt;
     }
     const bool add_tensor =
         n->matches("aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor");

@@ -376,8 +376,8 @@ torch::jit::Module optimize(
   }
   torch::jit::EliminateDeadCode(graph);
   const bool fused = counts.attention_masks_dropped > 0 ||
-      std::any_of(
-          counts.fused.begin(), counts.fused.end(), [](const auto& c) { return c.second > 0; });
+      std::any_of(counts.fused.begin(), counts.fused.end(),
+                  [](const auto& c) { return c.second > 0; });
   if (!fused && !options.freeze) {
     // NB: with nothing fused (or dropped), the result runs the input's own methods and
     // executors.  A fresh executor is not the same program as one that

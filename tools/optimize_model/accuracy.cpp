@@ -265,7 +265,7 @@ std::string judgeAgainstFloat64(
     const auto& e = f64_leaves[i].value;
     if (!r.isTensor() || !e.isTensor() || r.toTensor().numel() == 0 ||
         !r.toTensor().is_floating_point()) {
-      continue;  // compared exactly above
+      continue; // compared exactly above
     }
     const auto exact = e.toTensor().detach().to(at::kCPU).to(at::kDouble);
     if (exact.sizes() != r.toTensor().sizes()) {
@@ -444,8 +444,7 @@ CheckResult checkAccuracy(
     why << "outputs differ beyond the " << spec.dtype_name << " tolerance (rtol "
         << spec.tolerance.rtol << ", atol " << spec.tolerance.atol << "): " << result.mismatched
         << " of " << result.elements << " elements, first in output " << cmp.first_mismatch
-        << "; max abs error " << result.max_abs_error << ", max rel error "
-        << result.max_rel_error;
+        << "; max abs error " << result.max_abs_error << ", max rel error " << result.max_rel_error;
     // NB: after the timed runs, since the original becomes float64.
     const auto judged = spec.dtype == at::kDouble
         ? std::string()

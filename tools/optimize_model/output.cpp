@@ -396,8 +396,9 @@ std::string formatText(const RunReport& r) {
       << c.max_rel_error << " (tolerance rtol " << r.check_tolerance.rtol << ", atol "
       << r.check_tolerance.atol << ")\n";
     if (c.float64_judged) {
-      o << "    against a float64 run of the original: max abs error " << c.optimized_error_vs_float64
-        << " (the original's " << c.original_error_vs_float64 << "; at most 2x + atol passes)\n";
+      o << "    against a float64 run of the original: max abs error "
+        << c.optimized_error_vs_float64 << " (the original's " << c.original_error_vs_float64
+        << "; at most 2x + atol passes)\n";
     }
     o << std::fixed << std::setprecision(3);
     o << "    original  " << std::setw(10) << c.original_ms << " ms/run\n";
@@ -462,7 +463,7 @@ std::string formatJson(const RunReport& r) {
       << "    \"mismatched\": " << c.mismatched << ",\n"
       << "    \"float64\": "
       << (c.float64_judged ? "{\"original_error\": " + jsonNumber(c.original_error_vs_float64) +
-                 ", \"optimized_error\": " + jsonNumber(c.optimized_error_vs_float64) + "}"
+                  ", \"optimized_error\": " + jsonNumber(c.optimized_error_vs_float64) + "}"
                            : std::string("null"))
       << ",\n"
       << "    \"runs\": " << c.runs << ",\n"

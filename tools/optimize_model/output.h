@@ -72,7 +72,7 @@ struct RunReport {
   std::string input;
   std::string output;
   bool freeze = false;
-  std::string device;  // where the model was loaded, optimized and checked
+  std::string device;               // where the model was loaded, optimized and checked
   std::vector<std::string> passes;  // the passes run
   torchfuse::FusionReport fusion;
   StepTimes times;
