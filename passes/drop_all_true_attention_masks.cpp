@@ -8,8 +8,10 @@
 // memory-efficient attention take no such mask (its last dim has stride
 // 0), so every call falls back to the math path: float32 copies of q, k
 // and v, two float32 matmuls and a masked softmax.  A boolean mask that is
-// true everywhere masks nothing, so the call without it computes the same
-// attention, and runs the fused kernels.
+// true everywhere masks nothing: the call becomes
+// torchfuse::custom_unmasked_attention (ops/unmasked_attention.cpp), which
+// runs the fused kernels where autograd records nothing, and a call masked
+// as the original's where it does (double backward).
 //
 // The proof: a constant boolean tensor (a frozen graph folds the chain) is
 // looked at; otherwise a lower bound on values: arange starts at its start,
@@ -192,6 +194,13 @@ bool notCausal(const Node* n) {
   return causal.has_value() && !*causal;
 }
 
+// NB: the fused kernels draw dropout's random numbers otherwise than the
+// math path: with dropout the results would differ, not only round so.
+bool noDropout(const Node* n) {
+  const auto p = torch::jit::constant_as<double>(n->namedInput("dropout_p"));
+  return p.has_value() && *p == 0.0;
+}
+
 void collect(torch::jit::Block* block, std::vector<Node*>& out) {
   for (Node* n : block->nodes()) {
     if (isSdpa(n)) {
@@ -216,14 +225,21 @@ int64_t DropAllTrueAttentionMasks(std::shared_ptr<torch::jit::Graph>& graph) {
   std::vector<Node*> drop;
   for (Node* n : calls) {
     const Value* mask = n->namedInput("attn_mask");
-    if (!isNone(mask) && notCausal(n) && prover.allTrue(mask)) {
+    if (!isNone(mask) && notCausal(n) && noDropout(n) && prover.allTrue(mask)) {
       drop.push_back(n);
     }
   }
   // NB: after the proofs, which the AliasDb of the unchanged graph serves.
+  static const auto kUnmasked = c10::Symbol::fromQualString("torchfuse::custom_unmasked_attention");
   for (Node* n : drop) {
-    torch::jit::WithInsertPoint guard(n);
-    n->replaceInput(3, graph->insertConstant(c10::IValue()));
+    Node* u = graph->create(
+        kUnmasked,
+        {n->namedInput("query"), n->namedInput("key"), n->namedInput("value"),
+         n->namedInput("scale"), n->namedInput("enable_gqa")});
+    u->insertBefore(n);
+    u->output()->copyMetadata(n->output());
+    n->output()->replaceAllUsesWith(u->output());
+    n->destroy();
   }
   return static_cast<int64_t>(drop.size());
 }

@@ -135,6 +135,16 @@ TORCHFUSE_API at::Tensor custom_relu(const at::Tensor& input);
 // 1, 1] (the squeeze of a squeeze-and-excitation block).
 TORCHFUSE_API at::Tensor custom_spatial_mean(const at::Tensor& input);
 
+// scaled_dot_product_attention(query, key, value) without a mask: the fused
+// kernels where autograd records nothing, a masked call (ATen's math path on
+// CUDA, double-differentiable) where it records.
+TORCHFUSE_API at::Tensor custom_unmasked_attention(
+    const at::Tensor& query,
+    const at::Tensor& key,
+    const at::Tensor& value,
+    std::optional<double> scale = std::nullopt,
+    bool enable_gqa = false);
+
 // NB: an app that only loads an optimized .pt references no symbol of the ops
 // library, and `--as-needed` would drop it along with its op registrations.
 // Every translation unit that includes this header references version().

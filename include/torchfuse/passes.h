@@ -19,10 +19,10 @@ TORCHFUSE_API void Canonicalize(std::shared_ptr<torch::jit::Graph>& graph);
 // After the fusions: turns the relus Canonicalize made from relu_ and no
 // fusion took back into relu_.  Returns how many.
 TORCHFUSE_API int64_t RestoreInPlace(std::shared_ptr<torch::jit::Graph>& graph);
-// Drops the attn_mask of aten::scaled_dot_product_attention calls (not
-// causal) where the graph proves it a boolean mask that is true everywhere
-// (transformers traces such masks): the fused attention kernels take no
-// mask ATen cannot rule out.  Returns how many.
+// Replaces aten::scaled_dot_product_attention calls (not causal, no
+// dropout) whose attn_mask the graph proves a boolean mask true everywhere
+// (transformers traces such masks) by torchfuse::custom_unmasked_attention:
+// ATen's fused attention kernels take no such mask.  Returns how many.
 TORCHFUSE_API int64_t DropAllTrueAttentionMasks(std::shared_ptr<torch::jit::Graph>& graph);
 
 // linear -> add -> relu  =>  torchfuse::custom_linear_add_relu

@@ -1,8 +1,11 @@
-"""DropAllTrueAttentionMasks: scaled_dot_product_attention's attn_mask is
-dropped where the graph proves it a boolean mask that is true everywhere
-(transformers traces one for BERT without an attention_mask, which keeps
-ATen's fused attention kernels out); every other mask stays.  Each rule that
-keeps a mask has a negative test here."""
+"""DropAllTrueAttentionMasks and custom_unmasked_attention: a
+scaled_dot_product_attention call whose attn_mask the graph proves a boolean
+mask true everywhere (transformers traces one for BERT without an
+attention_mask, which keeps ATen's fused attention kernels out) becomes
+torchfuse::custom_unmasked_attention; every other call stays.  Each rule that
+keeps a call has a negative test here.  The op runs the unmasked call where
+autograd records nothing, and a masked call as the original's where it does:
+values, gradients and double backward as the original's."""
 
 import copy
 import warnings
@@ -14,11 +17,13 @@ import torch.nn.functional as F
 import torchfuse
 
 
-def sdpa_masks(graph):
-    """The attn_mask input of each scaled_dot_product_attention call: None
-    where dropped."""
-    nodes = graph.findAllNodes("aten::scaled_dot_product_attention")
-    return [None if n.inputsAt(3).type().kind() == "NoneType" else n.inputsAt(3) for n in nodes]
+OP = torch.ops.torchfuse.custom_unmasked_attention
+
+
+def calls(graph):
+    """(scaled_dot_product_attention calls, custom_unmasked_attention calls)."""
+    return (len(graph.findAllNodes("aten::scaled_dot_product_attention")),
+            len(graph.findAllNodes("torchfuse::custom_unmasked_attention")))
 
 
 def qkv(seed=0):
@@ -34,7 +39,7 @@ def check(fn, dropped):
     torch._C._jit_pass_inline(graph)
     report = torchfuse.fuse_graph(graph)
     assert report["attention_masks_dropped"] == (1 if dropped else 0)
-    assert (sdpa_masks(graph) == [None]) == dropped, graph
+    assert calls(graph) == ((0, 1) if dropped else (1, 0)), graph
     q, k, v = qkv()
     rewritten = torch._C._create_function_from_graph("rewritten", graph)
     want = fn(q, k, v)
@@ -88,7 +93,16 @@ def test_causal_calls_keep_their_mask():  # notCausal: ATen rejects the pair
 
     graph = torch.jit.script(f).graph.copy()
     report = torchfuse.fuse_graph(graph)
-    assert report["attention_masks_dropped"] == 0 and sdpa_masks(graph) != [None]
+    assert report["attention_masks_dropped"] == 0 and calls(graph) == (1, 0)
+
+
+def test_dropout_keeps_the_call():  # noDropout: the fused kernels draw other numbers
+    def f(q, k, v):
+        m = torch.arange(q.size(-2))[None, None, :, None] >= 0
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m.expand(2, 1, 5, 5), dropout_p=0.5)
+
+    graph = torch.jit.script(f).graph.copy()
+    assert torchfuse.fuse_graph(graph)["attention_masks_dropped"] == 0 and calls(graph) == (1, 0)
 
 
 def test_a_written_mask_stays():  # unwritten: an in-place write may change it
@@ -180,11 +194,77 @@ def test_traced_bert_loses_its_all_true_masks(freeze):
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         traced = torch.jit.trace(EmbedsIn(model).eval(), (x,))
-        before = sdpa_masks(traced.inlined_graph)
-        assert len(before) == 2 and all(m is not None for m in before)
+        assert calls(traced.inlined_graph) == (2, 0)
         opt = torchfuse.optimize(traced, freeze=freeze)
-        assert sdpa_masks(opt.inlined_graph) == [None, None]
+        assert calls(opt.inlined_graph) == (0, 2)
         ref = EmbedsIn(copy.deepcopy(model).double())(x.double())
         for got, want, exact in zip(opt(x), traced(x), ref):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
             assert (got.double() - exact).abs().max() <= 2 * (want.double() - exact).abs().max() + 1e-6
+
+
+# ---- the op ------------------------------------------------------------------
+
+def bert_like_mask(q, k):
+    """transformers' traced mask: arange(L) >= 0, an [L, 1] column expanded."""
+    return (torch.arange(q.size(-2), device=q.device)[:, None] >= 0).expand(*q.shape[:-1], k.size(-2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_op_without_autograd_is_the_unmasked_call(dtype):
+    q, k, v = (t.to(dtype) for t in qkv(1))
+    with torch.no_grad():
+        torch.testing.assert_close(OP(q, k, v), F.scaled_dot_product_attention(q, k, v), rtol=0, atol=0)
+        torch.testing.assert_close(OP(q, k, v, scale=0.3), F.scaled_dot_product_attention(q, k, v, scale=0.3),
+                                   rtol=0, atol=0)
+
+
+def test_op_under_autograd_is_the_masked_call():
+    """Values and gradients as the original's masked call, bit for bit, and
+    double backward as the original's: both work or both fail alike."""
+    leaves = [t.double().requires_grad_() for t in qkv(2)]
+    mine = [t.detach().clone().requires_grad_() for t in leaves]
+    want = F.scaled_dot_product_attention(*leaves, attn_mask=bert_like_mask(leaves[0], leaves[1]))
+    got = OP(*mine)
+    assert torch.equal(got, want)
+    gy = torch.randn(want.shape, dtype=want.dtype, generator=torch.Generator().manual_seed(3))
+    g_want = torch.autograd.grad(want, leaves, gy, create_graph=True)
+    g_got = torch.autograd.grad(got, mine, gy, create_graph=True)
+    for a, b in zip(g_got, g_want):
+        assert torch.equal(a, b)
+
+    def second(gs, xs):
+        try:
+            return torch.autograd.grad(sum(g.sum() for g in gs), xs)
+        except RuntimeError as e:
+            return type(e)
+
+    s_want, s_got = second(g_want, leaves), second(g_got, mine)
+    if isinstance(s_want, type):
+        assert s_got is s_want
+    else:
+        for a, b in zip(s_got, s_want):
+            assert torch.equal(a, b)
+
+
+def test_op_errors_name_the_argument_and_schema_checks():
+    q, k, v = qkv(4)
+    with pytest.raises(RuntimeError, match="custom_unmasked_attention.*query"):
+        OP(None, k, v)
+    torch.library.opcheck(OP, (q, k, v))
+    q.requires_grad_()
+    torch.library.opcheck(OP, (q, k, v))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_cuda_op_against_float64(dtype):
+    g = torch.Generator(device="cuda").manual_seed(5)
+    q, k, v = (torch.randn(4, 12, 128, 64, device="cuda", generator=g).to(dtype) for _ in range(3))
+    exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double())
+    with torch.no_grad():
+        eager = F.scaled_dot_product_attention(q, k, v, attn_mask=bert_like_mask(q, k))
+        got = OP(q, k, v)
+    assert got.dtype == dtype
+    assert (got.double() - exact).abs().max() <= 2 * (eager.double() - exact).abs().max() + 1e-6
