@@ -3,7 +3,7 @@ what a module computes.
 
     tools/fuzz_pass.py --programs N --seed S [--emit-regressions DIR]
                        [--modes train,eval,frozen,autocast,double_backward]
-                       [--features tied,exported|none]
+                       [--features tied,exported,attention|none]
 
 Each program is a random nn.Module written as Python source from a small
 vocabulary (linear, conv1d/conv2d, batch_norm, layer_norm, relu/relu_, add/add_/sub,
@@ -18,7 +18,9 @@ from its own random stream (without them a program is the one drawn before
 they existed): `tied`, parameters tied and buffers shared between
 attributes (`self.fc2.weight = self.fc1.weight`, `self.bn2.running_mean =
 self.bn1.running_mean`, a second name for a parameter or buffer, one read
-in two places); `exported`, an @torch.jit.export method.  The module is
+in two places); `exported`, an @torch.jit.export method; `attention`,
+scaled_dot_product_attention masked as transformers traces it (true
+everywhere: DropAllTrueAttentionMasks' case) and its near-misses.  The module is
 scripted and optimized twice, and checked in these modes:
 
   train     torchfuse.optimize(scripted): two training steps, then one step

@@ -514,6 +514,31 @@ class Generator:
 
         return self.chain(build)
 
+    def chain_attention(self) -> Optional[Var]:
+        """DropAllTrueAttentionMasks' forms: scaled_dot_product_attention of
+        a (batch, tokens, features) tensor as one head, masked by the mask
+        transformers traces (arange(t) + 0 >= 0, expanded), and near-misses
+        that keep the call: a bound below the threshold (>= 1, > 0), a narrow
+        arange dtype, the mask written in place, dropout."""
+        def build(x):
+            n, t, d = x.shape
+            q = self.define(f"{x.name}.unsqueeze(1)", (n, 1, t, d), [x], x.contiguous)
+            r = 0.0 if self.clean else self.rng.random()
+            cmp = self.pick([">= 1", "> 0"]) if 0.5 <= r < 0.65 else ">= 0"
+            dtype = ", dtype=torch.int8" if 0.65 <= r < 0.75 else ""
+            # NB: the mask is no tensor of scope: later statements would
+            # take its booleans for operands
+            m = self.fresh("m")
+            self.emit(f"{m} = (torch.arange({t}{dtype}) + 0)[None, None, :, None] {cmp}")
+            if 0.75 <= r < 0.85:
+                self.emit(f"{m}[0, 0, 0, 0] = False")
+            dropout = ", dropout_p=0.5" if 0.85 <= r < 0.9 else ""
+            a = self.define(f"F.scaled_dot_product_attention({q.name}, {q.name}, {q.name}, "
+                            f"attn_mask={m}.expand({n}, 1, {t}, {t}){dropout})", (n, 1, t, d), [q])
+            return self.define(f"{a.name}.squeeze(1)", (n, t, d), [a])
+
+        return self.chain(build, pred=lambda v: len(v.shape) == 3)
+
     def chain_add_layer_norm(self) -> Optional[Var]:
         """add_layer_norm's forms: add -> layer_norm over the last dim (or the
         last two), post-LN (the sum read by the norm only: BERT) and pre-LN
@@ -830,8 +855,9 @@ class Generator:
 # Program features beyond the forward that `rng` draws; each comes from its
 # own random stream, so a program drawn without them is the one drawn
 # before they existed.
-FEATURES = ["tied", "exported"]
+FEATURES = ["tied", "exported", "attention"]
 EXPORT_PROBABILITY = 0.25
+ATTENTION_PROBABILITY = 0.3  # of an attention chain after forward's statements
 
 
 def generate(seed: int, index: int, features: Sequence[str] = tuple(FEATURES)) -> Program:
@@ -854,6 +880,11 @@ def generate(seed: int, index: int, features: Sequence[str] = tuple(FEATURES)) -
     g.scope = [Var(name, shape) for name, shape in inputs]
     for _ in range(rng.randint(2, 7)):
         g.statement()
+    arng = random.Random(f"{seed}:{index}:attention")
+    if "attention" in features and arng.random() < ATTENTION_PROBABILITY:
+        g.rng, main = arng, g.rng
+        g.chain_attention()
+        g.rng = main
     visible = [v.name for v in g.scope]
     returns = [visible[-1]] + [rng.choice(visible) for _ in range(rng.choice([0, 0, 1, 2]))]
     returns = list(dict.fromkeys(returns + g.must_return))
