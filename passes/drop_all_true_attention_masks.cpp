@@ -28,6 +28,7 @@
 #include <optional>
 #include <vector>
 
+#include "passes/match_filters.h"
 #include "torchfuse/passes.h"
 
 namespace torchfuse::passes {
@@ -225,7 +226,10 @@ int64_t DropAllTrueAttentionMasks(std::shared_ptr<torch::jit::Graph>& graph) {
   std::vector<Node*> drop;
   for (Node* n : calls) {
     const Value* mask = n->namedInput("attn_mask");
-    if (!isNone(mask) && notCausal(n) && noDropout(n) && prover.allTrue(mask)) {
+    // NB: outsideScriptedAutocast as for the fusions: TorchScript's autocast
+    // pass would cast the original call, and cannot see into the op.
+    if (!isNone(mask) && notCausal(n) && noDropout(n) && outsideScriptedAutocast(n) &&
+        prover.allTrue(mask)) {
       drop.push_back(n);
     }
   }

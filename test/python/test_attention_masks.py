@@ -145,6 +145,18 @@ def test_a_negative_alpha_or_unknown_operand_stays():
     check(from_input, dropped=False)
 
 
+def test_a_scripted_autocast_scope_keeps_the_call():  # outsideScriptedAutocast
+    class Scoped(torch.nn.Module):
+        def forward(self, q, k, v):
+            m = torch.arange(q.size(-2))[None, None, :, None] >= 0
+            with torch.autocast("cpu", torch.bfloat16):
+                y = F.scaled_dot_product_attention(q, k, v, attn_mask=m.expand(2, 1, 5, 5))
+            return y
+
+    opt = torchfuse.optimize(torch.jit.script(Scoped()))
+    assert calls(opt.inlined_graph) == (1, 0)
+
+
 def test_additive_float_masks_stay():
     def f(q, k, v):
         m = torch.zeros(2, 1, 5, 5)
