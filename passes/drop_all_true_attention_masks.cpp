@@ -4,14 +4,14 @@
 // transformers builds its attention masks with tensor ops whenever it is
 // traced (it cannot look at values then), even where there is nothing to
 // mask: BERT without an attention_mask traces `arange(S)[None, None, :,
-// None] + 0 >= 0`, expanded to [B, 1, S, S].  ATen's flash and
-// memory-efficient attention take no such mask (its last dim has stride
-// 0), so every call falls back to the math path: float32 copies of q, k
-// and v, two float32 matmuls and a masked softmax.  A boolean mask that is
-// true everywhere masks nothing: the call becomes
-// torchfuse::custom_unmasked_attention (ops/unmasked_attention.cpp), which
-// runs the fused kernels where autograd records nothing, and a call masked
-// as the original's where it does (double backward).
+// None] + 0 >= 0`, expanded to [B, 1, S, S].  ATen's flash attention takes
+// no mask and its memory-efficient attention declines this one (stride 0 in
+// its last dim; measured on an H100), so every call falls back to the math
+// path: float32 copies of q, k and v, two float32 matmuls and a masked
+// softmax.  A boolean mask that is true everywhere masks nothing: the call
+// becomes torchfuse::custom_unmasked_attention (ops/unmasked_attention.cpp),
+// which runs the fused kernels where autograd records nothing, and a call
+// masked as the original's where it does (double backward).
 //
 // The proof: a constant boolean tensor (a frozen graph folds the chain) is
 // looked at; otherwise a lower bound on values: arange starts at its start,
