@@ -145,6 +145,11 @@ void checkArity(torch::jit::Module& m, const CheckSpec& spec) {
   }
 }
 
+// |b - a| elementwise; equal infinities count as no error.
+at::Tensor absDiff(const at::Tensor& a, const at::Tensor& b) {
+  return at::where(a == b, at::zeros_like(a), (b - a).abs());
+}
+
 // Accumulates the comparison of two outputs; the first problem found is
 // the failure reported.
 struct Comparison {
@@ -182,8 +187,7 @@ struct Comparison {
            " in the optimized one); the check cannot compare them");
       return;
     }
-    // Equal infinities count as no error.
-    const auto diff = at::where(a == b, at::zeros_like(a), (b - a).abs());
+    const auto diff = absDiff(a, b);
     const auto bound = tol.atol + tol.rtol * a.abs();
     const auto bad = (diff > bound).sum().item<int64_t>();
     const double max_abs = diff.max().item<double>();
@@ -253,9 +257,7 @@ std::string judgeAgainstFloat64(
         std::to_string(f64_leaves.size()) + " values";
   }
   const auto error = [](const at::Tensor& t, const at::Tensor& exact) {
-    const auto a = t.detach().to(at::kCPU).to(at::kDouble);
-    // Equal infinities count as no error.
-    return at::where(a == exact, at::zeros_like(a), (a - exact).abs()).max().item<double>();
+    return absDiff(exact, t.detach().to(at::kCPU).to(at::kDouble)).max().item<double>();
   };
   result.float64_judged = true;
   std::string failure;
