@@ -262,6 +262,7 @@ FusionReport fuseGraph(
   FusionReport counts;
   counts.nodes_before = passes::countNodes(graph->block());
   passes::Canonicalize(graph);
+  counts.zero_dropouts_removed = passes::RemoveZeroDropouts(graph);
   counts.attention_masks_dropped = passes::DropAllTrueAttentionMasks(graph);
   for (const auto& f : fusions()) {
     const bool run = passes.empty() ? f.by_default : contains(passes, f.name);
@@ -375,17 +376,16 @@ torch::jit::Module optimize(
         passes::ConvertToChannelsLast(graph, options.layout == Layout::ChannelsLast);
   }
   torch::jit::EliminateDeadCode(graph);
-  const bool fused = counts.attention_masks_dropped > 0 ||
+  const bool fused = counts.attention_masks_dropped > 0 || counts.zero_dropouts_removed > 0 ||
       std::any_of(counts.fused.begin(), counts.fused.end(),
                   [](const auto& c) { return c.second > 0; });
   if (!fused && !options.freeze) {
-    // NB: with nothing fused (or dropped), the result runs the input's own methods and
-    // executors.  A fresh executor is not the same program as one that
-    // already ran: torch.jit.trace's check runs the traced module under
-    // no_grad, so its executor never builds differentiable graphs, and
-    // TorchScript's differentiable graphs for a traced BERT-base in training
-    // on CUDA give outputs that differ by up to 0.3 between identical calls
-    // (a trace with check_trace=False does the same without torchfuse).
+    // NB: with nothing fused, dropped or removed, the result runs the input's
+    // own methods and executors.  A fresh executor is not the same program
+    // as one that already ran: torch.jit.trace's check runs the traced
+    // module under no_grad, so its executor never builds differentiable
+    // graphs, whose autodiff runs a p = 0 dropout as native_dropout, which
+    // drops values on CUDA (RemoveZeroDropouts).
     std::unordered_map<c10::ivalue::Object*, c10::intrusive_ptr<c10::ivalue::Object>> copied;
     auto plain = copySharingTypes(module, copied);
     counts.nodes_after = passes::countNodes(forwardGraph(plain)->block());

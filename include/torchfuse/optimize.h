@@ -60,11 +60,15 @@ struct FusionReport {
   // Attention masks proven true everywhere and dropped
   // (DropAllTrueAttentionMasks).
   int64_t attention_masks_dropped = 0;
+  // Dropouts of constant probability 0 replaced by their input
+  // (RemoveZeroDropouts).
+  int64_t zero_dropouts_removed = 0;
 };
 
-// Runs Canonicalize, then the fusions named in `passes` (empty: those on by
-// default) in the registry's order, then RestoreInPlace, on `graph`, in place.  The graph should be inlined
-// and constant-propagated.  Throws c10::Error for an unknown pass name.
+// Runs Canonicalize, RemoveZeroDropouts, DropAllTrueAttentionMasks, then the
+// fusions named in `passes` (empty: those on by default) in the registry's
+// order, then RestoreInPlace, on `graph`, in place.  The graph should be
+// inlined and constant-propagated.  Throws c10::Error for an unknown pass name.
 TORCHFUSE_API FusionReport fuseGraph(
     std::shared_ptr<torch::jit::Graph>& graph,
     const std::vector<std::string>& passes = {});

@@ -24,6 +24,12 @@ TORCHFUSE_API int64_t RestoreInPlace(std::shared_ptr<torch::jit::Graph>& graph);
 // (transformers traces such masks) by torchfuse::custom_unmasked_attention:
 // ATen's fused attention kernels take no such mask.  Returns how many.
 TORCHFUSE_API int64_t DropAllTrueAttentionMasks(std::shared_ptr<torch::jit::Graph>& graph);
+// Replaces dropouts (aten::dropout, feature_, alpha_ and feature_alpha_
+// dropout, in-place forms too) of constant probability 0 by their input, as
+// ATen computes them; TorchScript's autodiff would run them as
+// native_dropout, whose CUDA kernel drops some elements even at p = 0.
+// Returns how many.
+TORCHFUSE_API int64_t RemoveZeroDropouts(std::shared_ptr<torch::jit::Graph>& graph);
 
 // linear -> add -> relu  =>  torchfuse::custom_linear_add_relu
 TORCHFUSE_API int64_t FuseLinearAddRelu(std::shared_ptr<torch::jit::Graph>& graph);

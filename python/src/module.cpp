@@ -41,6 +41,7 @@ py::dict reportToDict(const torchfuse::FusionReport& r) {
   d["nodes_before"] = r.nodes_before;
   d["nodes_after"] = r.nodes_after;
   d["attention_masks_dropped"] = r.attention_masks_dropped;
+  d["zero_dropouts_removed"] = r.zero_dropouts_removed;
   return d;
 }
 

@@ -156,12 +156,14 @@ def optimize(
 
 def fuse_graph(graph: torch._C.Graph, passes: Optional[Iterable[str]] = None) -> Dict[str, int]:
     """Runs the pipeline's graph stage on ``graph`` in place: the
-    canonicalization, the attention masks proven true everywhere dropped,
-    then the fusions (``passes``, default those on by default) in the
-    registry's order, then the in-place relus no fusion took restored.
-    Returns how many chains each fused, with ``nodes_before``,
-    ``nodes_after`` and ``attention_masks_dropped``.  The graph should be inlined and
-    constant-propagated, and must not have been executed yet."""
+    canonicalization, the dropouts of constant probability 0 removed, the
+    attention masks proven true everywhere dropped, then the fusions
+    (``passes``, default those on by default) in the registry's order, then
+    the in-place relus no fusion took restored.  Returns how many chains
+    each fused, with ``nodes_before``, ``nodes_after``,
+    ``zero_dropouts_removed`` and ``attention_masks_dropped``.  The graph
+    should be inlined and constant-propagated, and must not have been
+    executed yet."""
     if not isinstance(graph, torch._C.Graph):
         raise TypeError(
             f"torchfuse.fuse_graph: expected a torch._C.Graph, got {type(graph).__name__}"

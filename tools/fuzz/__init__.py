@@ -3,7 +3,7 @@ what a module computes.
 
     tools/fuzz_pass.py --programs N --seed S [--emit-regressions DIR]
                        [--modes train,eval,frozen,autocast,double_backward]
-                       [--features tied,exported,attention|none]
+                       [--features tied,exported,attention,dropout|none]
 
 Each program is a random nn.Module written as Python source from a small
 vocabulary (linear, conv1d/conv2d, batch_norm, layer_norm, relu/relu_, add/add_/sub,
@@ -20,7 +20,9 @@ attributes (`self.fc2.weight = self.fc1.weight`, `self.bn2.running_mean =
 self.bn1.running_mean`, a second name for a parameter or buffer, one read
 in two places); `exported`, an @torch.jit.export method; `attention`,
 scaled_dot_product_attention masked as transformers traces it (true
-everywhere: DropAllTrueAttentionMasks' case) and its near-misses.  The module is
+everywhere: DropAllTrueAttentionMasks' case) and its near-misses;
+`dropout`, dropouts of probability 0 (RemoveZeroDropouts' case) between a
+linear and an activation, and near-misses.  The module is
 scripted and optimized twice, and checked in these modes:
 
   train     torchfuse.optimize(scripted): two training steps, then one step

@@ -539,6 +539,35 @@ class Generator:
 
         return self.chain(build, pred=lambda v: len(v.shape) == 3)
 
+    def chain_dropout(self) -> Optional[Var]:
+        """RemoveZeroDropouts' forms: dropouts of probability 0 (in training,
+        in self.training's mode, in place, the feature and alpha kinds),
+        mostly after a linear and before an activation, whose chain they
+        hide until removed; near-misses that stay: a nonzero probability in
+        eval (an identity; a nonzero one in training would draw random
+        numbers), a probability read from a float attribute."""
+        def build(x):
+            y = self.linear(x) if self.chance(0.6) else x
+            r = self.rng.random()
+            if r < 0.3:
+                spelling = "F.dropout({}, 0.0, True)"
+            elif r < 0.45:
+                spelling = "F.dropout({}, p=0.0, training=self.training)"
+            elif r < 0.55:
+                spelling = "F.dropout({}, 0.0, True, inplace=True)"
+            elif r < 0.65:
+                spelling = self.pick(["torch.feature_dropout({}, 0.0, True)", "torch.alpha_dropout({}, 0.0, True)",
+                                      "torch.feature_alpha_dropout({}, 0.0, False)"])
+            elif r < 0.85:
+                spelling = "F.dropout({}, 0.5, False)"
+            else:
+                rate = "self." + self.attr("rate", "self.{name} = 0.0")
+                spelling = "F.dropout({}, %s, True)" % rate
+            d = self.define(spelling.format(y.name), y.shape, [y], y.contiguous)
+            return self.activation(d, fresh=True) if self.chance(0.6) else d
+
+        return self.chain(build, pred=lambda v: len(v.shape) >= 2)
+
     def chain_add_layer_norm(self) -> Optional[Var]:
         """add_layer_norm's forms: add -> layer_norm over the last dim (or the
         last two), post-LN (the sum read by the norm only: BERT) and pre-LN
@@ -855,9 +884,10 @@ class Generator:
 # Program features beyond the forward that `rng` draws; each comes from its
 # own random stream, so a program drawn without them is the one drawn
 # before they existed.
-FEATURES = ["tied", "exported", "attention"]
+FEATURES = ["tied", "exported", "attention", "dropout"]
 EXPORT_PROBABILITY = 0.25
 ATTENTION_PROBABILITY = 0.3  # of an attention chain after forward's statements
+DROPOUT_PROBABILITY = 0.3  # of a dropout chain after forward's statements
 
 
 def generate(seed: int, index: int, features: Sequence[str] = tuple(FEATURES)) -> Program:
@@ -884,6 +914,11 @@ def generate(seed: int, index: int, features: Sequence[str] = tuple(FEATURES)) -
     if "attention" in features and arng.random() < ATTENTION_PROBABILITY:
         g.rng, main = arng, g.rng
         g.chain_attention()
+        g.rng = main
+    drng = random.Random(f"{seed}:{index}:dropout")
+    if "dropout" in features and drng.random() < DROPOUT_PROBABILITY:
+        g.rng, main = drng, g.rng
+        g.chain_dropout()
         g.rng = main
     visible = [v.name for v in g.scope]
     returns = [visible[-1]] + [rng.choice(visible) for _ in range(rng.choice([0, 0, 1, 2]))]

@@ -380,6 +380,9 @@ std::string formatText(const RunReport& r) {
     }
   }
   o << "  nodes: " << r.fusion.nodes_before << " -> " << r.fusion.nodes_after << "\n";
+  if (r.fusion.zero_dropouts_removed > 0) {
+    o << "  dropouts of probability 0 removed: " << r.fusion.zero_dropouts_removed << "\n";
+  }
   if (r.fusion.attention_masks_dropped > 0) {
     o << "  attention masks proven true everywhere, dropped: " << r.fusion.attention_masks_dropped
       << "\n";
@@ -441,6 +444,7 @@ std::string formatJson(const RunReport& r) {
   o << "  \"nodes_after\": " << r.fusion.nodes_after << ",\n";
   o << "  \"channels_last_weights\": " << r.fusion.channels_last_weights << ",\n";
   o << "  \"attention_masks_dropped\": " << r.fusion.attention_masks_dropped << ",\n";
+  o << "  \"zero_dropouts_removed\": " << r.fusion.zero_dropouts_removed << ",\n";
   o << "  \"time_s\": {\"load\": " << jsonNumber(r.times.load_s)
     << ", \"optimize\": " << jsonNumber(r.times.optimize_s)
     << ", \"save\": " << jsonNumber(r.times.save_s)
