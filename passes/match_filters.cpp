@@ -350,6 +350,42 @@ bool noInterveningWrites(
   });
 }
 
+namespace {
+std::string slotOf(const Value* v);
+bool writesOnlyOtherSlots(const Node* w, const std::vector<Value*>& values);
+} // namespace
+
+bool noInterveningWritesBesideOtherSlots(
+    const AliasDb& db,
+    Node* first,
+    Node* last,
+    const std::vector<Value*>& values) {
+  std::vector<Value*> tensors;
+  for (Value* v : values) {
+    if (v->type()->kind() == c10::TypeKind::TensorType || isOptionalTensorArg(v)) {
+      tensors.push_back(v);
+    }
+  }
+  // Attributes and inputs by path; other tensors (a previous op's output)
+  // by AliasDb, which does not let fresh results alias attributes.
+  std::vector<Value*> slotted;
+  torch::jit::ValueSet others;
+  for (Value* v : tensors) {
+    if (slotOf(v).empty()) {
+      others.insert(v);
+    } else {
+      slotted.push_back(v);
+    }
+  }
+  torch::jit::ValueSet set(tensors.begin(), tensors.end());
+  return forEachBetween(first, last, [&](Node* n) {
+    // NB: a node with blocks is judged by the nodes in them, which are
+    // visited too.
+    return !db.writesToAlias(n, set) || !n->blocks().empty() ||
+        (writesOnlyOtherSlots(n, slotted) && !db.writesToAlias(n, others));
+  });
+}
+
 bool noInterveningAccess(
     const AliasDb& db,
     Node* first,

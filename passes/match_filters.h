@@ -129,6 +129,16 @@ bool noInterveningWrites(
     Node* first,
     Node* last,
     const std::vector<Value*>& values);
+// noInterveningWrites, where a node that writes only module attributes or
+// graph inputs other than the tensor `values`' (by GetAttr path, as
+// notWrittenAfter tells them apart) does not count: a scripted BatchNorm's
+// `num_batches_tracked += 1` sits between a conv and its batch_norm, and
+// AliasDb lets it alias the conv's weight.
+bool noInterveningWritesBesideOtherSlots(
+    const AliasDb& db,
+    Node* first,
+    Node* last,
+    const std::vector<Value*>& values);
 // No node strictly between `first` and `last` reads or writes anything that
 // may alias `values`: a training batch_norm writes its running statistics,
 // and the fused node moves that write down to `last`.

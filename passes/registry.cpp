@@ -41,6 +41,13 @@ const std::vector<Fusion>& fusions() {
        {"torchfuse::custom_conv_add_act"},
        &passes::FuseConvAddAct,
        true},
+      // NB: after batch_norm_add_div_swish, whose chain starts at the
+      // batch_norm.
+      {"conv_batch_norm_act",
+       "conv{1,2,3}d → batch_norm (unfrozen) → [activation]",
+       {"torchfuse::custom_conv_batch_norm_act"},
+       &passes::FuseConvBatchNormAct,
+       true},
       // NB: after linear_add_relu, which keeps linear -> add -> relu.
       {"linear_act",
        "linear → activation (also a constant-weight matmul → activation)",

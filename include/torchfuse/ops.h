@@ -135,6 +135,29 @@ TORCHFUSE_API at::Tensor custom_relu(const at::Tensor& input);
 // 1, 1] (the squeeze of a squeeze-and-excitation block).
 TORCHFUSE_API at::Tensor custom_spatial_mean(const at::Tensor& input);
 
+// act(batch_norm(conv(input, weight, bias, ...), bn_weight, bn_bias,
+// running_mean, running_var, training, momentum, eps, cudnn_enabled)), the
+// conv as conv{1,2,3}d by weight's rank; activation as custom_conv_add_act's.
+// In eval with running statistics, BatchNorm folds into the conv per call.
+TORCHFUSE_API at::Tensor custom_conv_batch_norm_act(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    const std::optional<at::Tensor>& bn_weight,
+    const std::optional<at::Tensor>& bn_bias,
+    const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var,
+    bool training,
+    double momentum,
+    double eps,
+    bool cudnn_enabled,
+    c10::string_view activation,
+    at::ArrayRef<double> activation_args);
+
 // scaled_dot_product_attention(query, key, value) without a mask: the fused
 // kernels where autograd records nothing, a masked call (ATen's math path on
 // CUDA, double-differentiable) where it records.

@@ -41,6 +41,9 @@ TORCHFUSE_API int64_t FuseConvActMaxPool(std::shared_ptr<torch::jit::Graph>& gra
 // conv{1,2,3}d -> [add] -> [activation] (at least one of them)
 //   =>  torchfuse::custom_conv_add_act
 TORCHFUSE_API int64_t FuseConvAddAct(std::shared_ptr<torch::jit::Graph>& graph);
+// conv{1,2,3}d -> batch_norm (not constant training) -> [activation]
+//   =>  torchfuse::custom_conv_batch_norm_act
+TORCHFUSE_API int64_t FuseConvBatchNormAct(std::shared_ptr<torch::jit::Graph>& graph);
 // linear -> activation (and optimize_for_inference's matmul of a linear
 // without bias -> activation)  =>  torchfuse::custom_linear_act
 TORCHFUSE_API int64_t FuseLinearAct(std::shared_ptr<torch::jit::Graph>& graph);

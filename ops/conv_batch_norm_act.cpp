@@ -1,0 +1,181 @@
+// custom_conv_batch_norm_act: act(batch_norm(conv(x, W, b), ...)), the chain
+// of an unfrozen graph, where BatchNorm's statistics and affine parameters
+// are module attributes read at run time and its `training` flag a run-time
+// value (passes/fuse_conv_batch_norm_act.cpp).
+//
+// In eval (training false, running statistics present) BatchNorm is the
+// per-channel affine map s * (y - mean) + beta, s = gamma / sqrt(var + eps):
+// it folds into the conv's weight and bias, and the call becomes
+// custom_conv_add_act with the activation in its epilogue, so the conv
+// output is written once instead of three times.  The fold is redone every
+// call (the attributes may change between calls: an optimizer step, a
+// load_state_dict): one CUDA launch where autograd records nothing, ATen
+// ops where it does, so that gradients reach W, b, gamma and beta.  In
+// training, or without running statistics, the call runs the original ops:
+// the batch statistics and running-statistic updates are ATen's.
+//
+// NB: CompositeImplicitAutograd, as custom_unmasked_attention: made of ATen
+// and torchfuse calls, it runs on every backend (Meta included), autograd
+// differentiates the nested calls (double backward included), and autocast
+// casts each nested call as it cast the original's.
+
+#include <ATen/ATen.h>
+#include <c10/core/GradMode.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "ops/common/checks.h"
+#include "ops/common/conv_composites.h"
+#include "ops/conv_add_act.h"
+#include "torchfuse/ops.h"
+#ifdef TORCHFUSE_WITH_CUDA
+#include "ops/cuda/fold_batch_norm.h"
+#endif
+
+TORCH_LIBRARY_FRAGMENT(torchfuse, m) {
+  m.def(
+      "custom_conv_batch_norm_act(Tensor input, Tensor weight, Tensor? bias, int[] stride, "
+      "int[] padding, int[] dilation, int groups, Tensor? bn_weight, Tensor? bn_bias, "
+      "Tensor? running_mean, Tensor? running_var, bool training, float momentum, float eps, "
+      "bool cudnn_enabled, str activation, float[] activation_args) -> Tensor");
+}
+
+namespace torchfuse {
+
+at::Tensor custom_conv_batch_norm_act(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    const std::optional<at::Tensor>& bn_weight,
+    const std::optional<at::Tensor>& bn_bias,
+    const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var,
+    bool training,
+    double momentum,
+    double eps,
+    bool cudnn_enabled,
+    c10::string_view activation,
+    at::ArrayRef<double> activation_args) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("torchfuse::custom_conv_batch_norm_act", "")
+                       .typed<at::Tensor(
+                           const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                           at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, int64_t,
+                           const std::optional<at::Tensor>&, const std::optional<at::Tensor>&,
+                           const std::optional<at::Tensor>&, const std::optional<at::Tensor>&, bool,
+                           double, double, bool, c10::string_view, at::ArrayRef<double>)>();
+  return op.call(
+      input, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias, running_mean,
+      running_var, training, momentum, eps, cudnn_enabled, activation, activation_args);
+}
+
+namespace ops {
+namespace {
+
+constexpr const char* kOp = "torchfuse::custom_conv_batch_norm_act";
+
+bool defined(const std::optional<at::Tensor>& t) {
+  return t && t->defined();
+}
+
+// A per-channel tensor of C elements, or none.
+bool perChannelOrNone(const std::optional<at::Tensor>& t, int64_t c) {
+  return !defined(t) || (t->dim() == 1 && t->size(0) == c);
+}
+
+bool requiresGrad(const std::optional<at::Tensor>& t) {
+  return defined(t) && t->requires_grad();
+}
+
+// The fold with ATen ops, in float (double for double weights), rounded once
+// to the weight's dtype: differentiable, and on every backend.
+std::pair<at::Tensor, at::Tensor> foldWithAten(
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& bn_weight,
+    const std::optional<at::Tensor>& bn_bias,
+    const at::Tensor& running_mean,
+    const at::Tensor& running_var,
+    double eps) {
+  const auto ct = weight.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  auto scale = at::reciprocal(at::sqrt(running_var.to(ct) + eps));
+  if (defined(bn_weight)) {
+    scale = bn_weight->to(ct) * scale;
+  }
+  auto centred = defined(bias) ? bias->to(ct) - running_mean.to(ct) : -running_mean.to(ct);
+  auto shift = centred * scale;
+  if (defined(bn_bias)) {
+    shift = shift + bn_bias->to(ct);
+  }
+  std::vector<int64_t> shape(weight.dim(), 1);
+  shape[0] = -1;
+  auto folded = (weight.to(ct) * scale.view(shape)).to(weight.scalar_type());
+  return {folded, shift.to(weight.scalar_type())};
+}
+
+at::Tensor convBatchNormAct(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    const std::optional<at::Tensor>& bias,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation,
+    int64_t groups,
+    const std::optional<at::Tensor>& bn_weight,
+    const std::optional<at::Tensor>& bn_bias,
+    const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var,
+    bool training,
+    double momentum,
+    double eps,
+    bool cudnn_enabled,
+    c10::string_view activation,
+    at::ArrayRef<double> activation_args) {
+  checkDefined(kOp, "input", input);
+  checkDefined(kOp, "weight", weight);
+  parseActivation(activation, activation_args, kOp);
+  const bool eval_statistics = !training && defined(running_mean) && defined(running_var);
+  // NB: a per-channel shape BatchNorm would reject keeps its error.
+  const int64_t c = weight.dim() >= 3 ? weight.size(0) : -1;
+  const bool foldable = eval_statistics && c >= 0 && perChannelOrNone(running_mean, c) &&
+      perChannelOrNone(running_var, c) && perChannelOrNone(bn_weight, c) &&
+      perChannelOrNone(bn_bias, c) && perChannelOrNone(bias, c);
+  if (!foldable) {
+    auto y = convolve(input, weight, bias, stride, padding, dilation, groups);
+    auto z = at::batch_norm(
+        y, bn_weight, bn_bias, running_mean, running_var, training, momentum, eps, cudnn_enabled);
+    return applyActivation(z, activation, activation_args);
+  }
+  const bool recorded = c10::GradMode::is_enabled() &&
+      (weight.requires_grad() || requiresGrad(bias) || requiresGrad(bn_weight) ||
+       requiresGrad(bn_bias) || requiresGrad(running_mean) || requiresGrad(running_var));
+  std::optional<std::pair<at::Tensor, at::Tensor>> folded;
+#ifdef TORCHFUSE_WITH_CUDA
+  if (!recorded) {
+    folded = foldBatchNormCuda(weight, bias, bn_weight, bn_bias, *running_mean, *running_var, eps);
+  }
+#endif
+  if (!folded) {
+    folded = foldWithAten(weight, bias, bn_weight, bn_bias, *running_mean, *running_var, eps);
+  }
+  return custom_conv_add_act(
+      input, folded->first, folded->second, stride, padding, dilation, groups, std::nullopt, 1,
+      false, activation, activation_args);
+}
+
+} // namespace
+} // namespace ops
+} // namespace torchfuse
+
+TORCH_LIBRARY_IMPL(torchfuse, CompositeImplicitAutograd, m) {
+  m.impl(
+      TORCH_SELECTIVE_NAME("torchfuse::custom_conv_batch_norm_act"),
+      TORCH_FN(torchfuse::ops::convBatchNormAct));
+}

@@ -1,0 +1,327 @@
+"""FuseConvBatchNormAct and custom_conv_batch_norm_act: conv -> batch_norm ->
+[activation] of unfrozen graphs, where BatchNorm reads its statistics,
+affine parameters and `training` flag at run time.  In eval the op folds
+BatchNorm into the conv per call; in training it runs the original ops:
+outputs, gradients, double gradients, running statistics and
+num_batches_tracked stay the original's.  Each rule that keeps a chain has a
+negative test here."""
+
+import copy
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torchfuse
+
+from cuda_utils import assert_close_to_reference, poison_allocator
+
+OP = torch.ops.torchfuse.custom_conv_batch_norm_act
+
+
+def signed(*shape, seed=0, dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def bn_state(c, seed, dtype=torch.float32, affine=True):
+    g = torch.Generator().manual_seed(seed)
+    gamma = torch.randn(c, generator=g, dtype=dtype) if affine else None
+    beta = torch.randn(c, generator=g, dtype=dtype) if affine else None
+    mean = torch.randn(c, generator=g, dtype=dtype)
+    var = torch.rand(c, generator=g, dtype=dtype) + 0.5
+    return gamma, beta, mean, var
+
+
+def reference(x, w, b, stride, padding, dilation, groups, gamma, beta, mean, var, training, momentum, eps, act):
+    conv = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[w.dim()]
+    y = conv(x, w, b, stride, padding, dilation, groups)
+    y = F.batch_norm(y, mean, var, gamma, beta, training, momentum, eps)
+    return {"none": lambda t: t, "relu": F.relu, "hardswish": F.hardswish, "silu": F.silu}[act](y)
+
+
+CASES = [  # (input shape, weight shape, stride, padding, dilation, groups)
+    ((2, 4, 9), (6, 4, 3), [1], [1], [1], 1),
+    ((2, 4, 7, 6), (6, 2, 3, 3), [2, 1], [1, 0], [1, 2], 2),
+    ((2, 4, 5, 5), (4, 1, 3, 3), [1, 1], [1, 1], [1, 1], 4),  # depthwise
+    ((1, 3, 4, 5, 4), (5, 3, 1, 3, 1), [1, 1, 1], [0, 1, 0], [1, 1, 1], 1),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("act", ["none", "relu", "hardswish", "silu"])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("affine", [True, False])
+def test_eval_folds_as_batch_norm_computes(case, act, bias, affine):
+    xs, ws, stride, padding, dilation, groups = case
+    x = signed(*xs, seed=1, dtype=torch.float64)
+    w = signed(*ws, seed=2, dtype=torch.float64)
+    b = signed(ws[0], seed=3, dtype=torch.float64) if bias else None
+    gamma, beta, mean, var = bn_state(ws[0], 4, torch.float64, affine)
+    got = OP(x, w, b, stride, padding, dilation, groups, gamma, beta, mean, var, False, 0.1, 1e-5, True, act, [])
+    want = reference(x, w, b, stride, padding, dilation, groups, gamma, beta, mean, var, False, 0.1, 1e-5, act)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("momentum", [0.1, 0.0])
+def test_training_runs_the_original_ops_and_updates_the_statistics(momentum):
+    x, w, b = signed(3, 4, 6, 6, seed=1), signed(5, 4, 3, 3, seed=2), signed(5, seed=3)
+    gamma, beta, mean, var = bn_state(5, 4)
+    mean2, var2 = mean.clone(), var.clone()
+    got = OP(x, w, b, [1, 1], [1, 1], [1, 1], 1, gamma, beta, mean, var, True, momentum, 1e-5, True, "relu", [])
+    want = reference(x, w, b, [1, 1], [1, 1], [1, 1], 1, gamma, beta, mean2, var2, True, momentum, 1e-5, "relu")
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(mean, mean2, rtol=0, atol=0)
+    torch.testing.assert_close(var, var2, rtol=0, atol=0)
+
+
+def test_no_running_statistics_in_eval_raise_as_batch_norm():
+    x, w = signed(3, 4, 6, 6, seed=1), signed(5, 4, 3, 3, seed=2)
+    with pytest.raises(RuntimeError, match="running_mean must be defined in evaluation mode"):
+        OP(x, w, None, [1, 1], [0, 0], [1, 1], 1, None, None, None, None, False, 0.1, 1e-5, True, "none", [])
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_gradients_and_double_gradients(training):
+    x = signed(2, 3, 5, 5, seed=1, dtype=torch.float64).requires_grad_()
+    w = signed(4, 3, 3, 3, seed=2, dtype=torch.float64).requires_grad_()
+    b = signed(4, seed=3, dtype=torch.float64).requires_grad_()
+    gamma, beta, mean, var = bn_state(4, 4, torch.float64)
+    gamma.requires_grad_()
+    beta.requires_grad_()
+
+    def f(x, w, b, gamma, beta):
+        return OP(x, w, b, [1, 1], [1, 1], [1, 1], 1, gamma, beta, mean.clone(), var.clone(), training, 0.0, 1e-5,
+                  True, "silu", [])
+
+    assert torch.autograd.gradcheck(f, (x, w, b, gamma, beta))
+    assert torch.autograd.gradgradcheck(f, (x, w, b, gamma, beta))
+
+
+def test_unknown_activation_names_the_argument():
+    x, w = signed(1, 2, 4, 4), signed(3, 2, 1, 1)
+    gamma, beta, mean, var = bn_state(3, 1)
+    with pytest.raises(RuntimeError, match="activation"):
+        OP(x, w, None, [1, 1], [0, 0], [1, 1], 1, gamma, beta, mean, var, False, 0.1, 1e-5, True, "tanhh", [])
+
+
+def test_autocast_keeps_the_original_dtype():
+    x, w = signed(2, 3, 6, 6, seed=1), signed(4, 3, 3, 3, seed=2)
+    gamma, beta, mean, var = bn_state(4, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = OP(x, w, None, [1, 1], [1, 1], [1, 1], 1, gamma, beta, mean, var, False, 0.1, 1e-5, True, "relu", [])
+        want = reference(x, w, None, [1, 1], [1, 1], [1, 1], 1, gamma, beta, mean, var, False, 0.1, 1e-5, "relu")
+    assert got.dtype == want.dtype
+
+
+# ---- the pass ----------------------------------------------------------------------
+
+
+class ConvBnAct(nn.Module):
+    def __init__(self, act=None):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 6, 3, padding=1)
+        self.bn = nn.BatchNorm2d(6)
+        self.act = act if act is not None else nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        return self.act(self.bn(self.conv(x)))
+
+
+def _randomize_statistics(m):
+    g = torch.Generator().manual_seed(7)
+    for mod in m.modules():
+        if isinstance(mod, nn.modules.batchnorm._BatchNorm) and mod.track_running_stats:
+            mod.running_mean.copy_(torch.randn(mod.running_mean.shape, generator=g))
+            mod.running_var.copy_(torch.rand(mod.running_var.shape, generator=g) + 0.5)
+    return m
+
+
+def fused_count(module):
+    return torchfuse.report(module)["conv_batch_norm_act"]
+
+
+def test_scripted_eval_chain_fuses_and_keeps_its_outputs():
+    torch.manual_seed(0)
+    m = _randomize_statistics(ConvBnAct(nn.Hardswish())).eval()
+    opt = torchfuse.optimize(torch.jit.script(m))
+    assert fused_count(opt) == 1
+    x = signed(2, 3, 8, 8, seed=5)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), m(x), rtol=1e-5, atol=1e-6)
+
+
+def _train_steps(model, x, steps=3):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    outs = []
+    for _ in range(steps):
+        opt.zero_grad()
+        out = model(x)
+        out.square().mean().backward()
+        opt.step()
+        outs.append(out.detach().clone())
+    return outs
+
+
+@pytest.mark.parametrize("momentum", [0.1, None])
+@pytest.mark.parametrize("affine", [True, False])
+def test_training_steps_keep_outputs_gradients_and_statistics(momentum, affine):
+    torch.manual_seed(0)
+    m = ConvBnAct()
+    m.bn = nn.BatchNorm2d(6, momentum=momentum, affine=affine)
+    ref = copy.deepcopy(m)
+    opt = torchfuse.optimize(torch.jit.script(m.train()))
+    assert fused_count(opt) == 1
+    x = signed(4, 3, 8, 8, seed=5)
+    got, want = _train_steps(opt, x), _train_steps(ref.train(), x)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6, msg=name)
+    for (name, p), q in zip(m.named_buffers(), ref.buffers()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6, msg=name)
+    # and eval afterwards, of the same modules
+    opt.eval(), ref.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), ref(x), rtol=1e-5, atol=1e-5)
+
+
+def test_track_running_stats_false_normalizes_by_the_batch_in_eval():
+    torch.manual_seed(0)
+    m = ConvBnAct()
+    m.bn = nn.BatchNorm2d(6, track_running_stats=False)
+    m.eval()
+    opt = torchfuse.optimize(torch.jit.script(m))
+    x = signed(4, 3, 8, 8, seed=5)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), m(x), rtol=1e-6, atol=1e-6)
+
+
+def test_batch_size_one_per_channel_raises_as_the_original():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).train()
+    scripted = torch.jit.script(m)
+    opt = torchfuse.optimize(scripted)
+    assert fused_count(opt) == 1
+    x = signed(1, 3, 3, 3)  # conv output 1x4x1x1: one value per channel
+    errors = []
+    for module in (scripted, opt):
+        with pytest.raises(Exception) as e:
+            module(x)
+        errors.append(str(e.value).splitlines()[-1])
+    assert errors[0] == errors[1] and "more than 1 value per channel" in errors[0]
+    assert int(m[1].num_batches_tracked) == 2  # each call counted before raising, as the original
+
+
+def test_wrong_rank_raises():
+    # NB: the scripted original raises BatchNorm's channel-count error,
+    # eager and the optimized module BatchNorm2d's rank check
+    m = ConvBnAct().eval()
+    scripted = torch.jit.script(m)
+    opt = torchfuse.optimize(scripted)
+    x = signed(3, 8, 8)  # unbatched: conv2d takes it, BatchNorm2d does not
+    for module in (m, scripted, opt):
+        with pytest.raises((ValueError, RuntimeError, torch.jit.Error)):
+            module(x)
+
+
+def _fuse(fn_or_module):
+    graph = fn_or_module.graph.copy()
+    torch._C._jit_pass_inline(graph)
+    return graph, torchfuse.fuse_graph(graph)["conv_batch_norm_act"]
+
+
+def test_not_training_constant_negative_a_traced_training_batch_norm_stays():
+    m = ConvBnAct().train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced = torch.jit.trace(m, (signed(2, 3, 8, 8),), check_trace=False)
+    graph, n = _fuse(traced)
+    assert n == 0 and len(graph.findAllNodes("aten::batch_norm")) == 1
+
+
+def test_traced_eval_chain_fuses():
+    m = _randomize_statistics(ConvBnAct()).eval()
+    traced = torch.jit.trace(m, (signed(2, 3, 8, 8),))
+    opt = torchfuse.optimize(traced)
+    assert fused_count(opt) == 1
+    x = signed(2, 3, 8, 8, seed=3)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), m(x), rtol=1e-5, atol=1e-6)
+
+
+class ConvOutputReadTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        y = self.conv(x)
+        return self.bn(y) + y
+
+
+def test_has_single_use_negative_a_conv_output_read_again_stays():
+    m = torch.jit.script(ConvOutputReadTwice().eval())
+    graph, n = _fuse(m)
+    assert n == 0 and len(graph.findAllNodes("aten::batch_norm")) == 1
+
+
+class StatisticsWrittenBetween(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        y = self.conv(x)
+        self.conv.weight.data.mul_(2.0)  # the op would read the written weight
+        return torch.relu(self.bn(y))
+
+
+def test_no_intervening_writes_negative_a_conv_weight_written_before_the_batch_norm():
+    m = torch.jit.script(StatisticsWrittenBetween().eval())
+    graph, n = _fuse(m)
+    assert n == 0
+
+
+def test_torchvision_resnet18_unfrozen_eval_and_training():
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = _randomize_statistics(torchvision.models.resnet18(num_classes=10))
+    ref = copy.deepcopy(model)
+    opt = torchfuse.optimize(torch.jit.script(model.eval()))
+    assert fused_count(opt) == 20
+    x = signed(2, 3, 64, 64, seed=9)
+    with torch.no_grad():
+        got, want = opt(x), ref.eval()(x)
+        ref64 = copy.deepcopy(ref).double()(x.double())
+    assert_close_to_reference(got, want, ref64, what="resnet18 eval", floor=1e-5)
+    opt.train(), ref.train()
+    got, want = _train_steps(opt, x, 2), _train_steps(ref, x, 2)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    for (name, p), q in zip(model.named_buffers(), ref.buffers()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-5, msg=name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_cuda_eval_fold_against_float64(dtype, channels_last):
+    """The one-launch fold (no gradient recorded), then custom_conv_add_act."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(4, 16, 14, 14, generator=g)
+    w = torch.randn(32, 16, 3, 3, generator=g) * 0.1
+    b = torch.randn(32, generator=g)
+    gamma, beta, mean, var = bn_state(32, 12)
+    args64 = [t.double() for t in (x, w, b, gamma, beta, mean, var)]
+    ref = reference(args64[0], args64[1], args64[2], [1, 1], [1, 1], [1, 1], 1, *args64[3:], False, 0.1, 1e-5, "relu")
+    dev = [t.to("cuda", dtype) for t in (x, w, b, gamma, beta, mean, var)]
+    if channels_last:
+        dev[0] = dev[0].contiguous(memory_format=torch.channels_last)
+        dev[1] = dev[1].contiguous(memory_format=torch.channels_last)
+    poison_allocator([x.numel() * 8, w.numel() * 8, 32 * 8])
+    with torch.no_grad():
+        got = OP(dev[0], dev[1], dev[2], [1, 1], [1, 1], [1, 1], 1, *dev[3:], False, 0.1, 1e-5, True, "relu", [])
+        want = reference(dev[0], dev[1], dev[2], [1, 1], [1, 1], [1, 1], 1, *dev[3:], False, 0.1, 1e-5, "relu")
+    assert_close_to_reference(got, want, ref, what=f"conv_batch_norm_act {dtype} cl={channels_last}")
