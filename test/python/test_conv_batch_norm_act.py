@@ -198,13 +198,21 @@ def test_track_running_stats_false_normalizes_by_the_batch_in_eval():
         torch.testing.assert_close(opt(x), m(x), rtol=1e-6, atol=1e-6)
 
 
-def test_batch_size_one_per_channel_raises_as_the_original():
+@pytest.mark.parametrize("conv, size", [
+    (nn.Conv2d(3, 4, 3), 3),                                        # 1x4x1x1
+    (nn.Conv2d(3, 4, 3, stride=2, padding=1, dilation=2), 3),       # (3 + 2 - 4 - 1) // 2 + 1 = 1
+    (nn.Conv1d(3, 4, 2, stride=3), 4),                              # (4 - 1 - 1) // 3 + 1 = 1
+])
+def test_batch_size_one_per_channel_raises_as_the_original(conv, size):
+    """BatchNorm's check reads the conv output's sizes, which the pass
+    computes from the conv's input and weight."""
     torch.manual_seed(0)
-    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).train()
+    bn = nn.BatchNorm2d(4) if isinstance(conv, nn.Conv2d) else nn.BatchNorm1d(4)
+    m = nn.Sequential(conv, bn).train()
     scripted = torch.jit.script(m)
     opt = torchfuse.optimize(scripted)
     assert fused_count(opt) == 1
-    x = signed(1, 3, 3, 3)  # conv output 1x4x1x1: one value per channel
+    x = signed(1, 3, *([size] * (conv.weight.dim() - 2)))  # one value per channel
     errors = []
     for module in (scripted, opt):
         with pytest.raises(Exception) as e:
@@ -212,6 +220,9 @@ def test_batch_size_one_per_channel_raises_as_the_original():
         errors.append(str(e.value).splitlines()[-1])
     assert errors[0] == errors[1] and "more than 1 value per channel" in errors[0]
     assert int(m[1].num_batches_tracked) == 2  # each call counted before raising, as the original
+    # one size larger: more than one value, and the same training step
+    x = signed(1, 3, *([size + 2] * (conv.weight.dim() - 2)))
+    torch.testing.assert_close(opt(x), scripted(x), rtol=1e-6, atol=1e-6)
 
 
 def test_wrong_rank_raises():
