@@ -336,3 +336,38 @@ def test_cuda_eval_fold_against_float64(dtype, channels_last):
         got = OP(dev[0], dev[1], dev[2], [1, 1], [1, 1], [1, 1], 1, *dev[3:], False, 0.1, 1e-5, True, "relu", [])
         want = reference(dev[0], dev[1], dev[2], [1, 1], [1, 1], [1, 1], 1, *dev[3:], False, 0.1, 1e-5, "relu")
     assert_close_to_reference(got, want, ref, what=f"conv_batch_norm_act {dtype} cl={channels_last}")
+
+
+def test_fuzzer_programs_with_the_chain_keep_their_meaning():
+    """The fuzzer's vocabulary draws conv -> batch_norm -> [act]; the programs
+    it fuses keep their meaning in training, eval and frozen."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+    import fuzz
+    from fuzz.modes import load_class
+
+    fused = checked = 0
+    for i in range(150):
+        prog = fuzz.generate(20261128, i * 100)
+        if "BatchNorm" not in prog.source() and "batch_norm" not in prog.source():
+            continue
+        torch.manual_seed(0)
+        try:
+            module = torch.jit.script(load_class(prog.source())().train())
+        except Exception:
+            continue
+        n = fused_count(torchfuse.optimize(module))
+        if n == 0:
+            continue
+        try:
+            out = fuzz.check_program(prog, i, dtypes=("float64",), modes=("train", "frozen"), round_trip=False)
+        except fuzz.Invalid:
+            continue
+        assert out.failures == [], (i, out.failures)
+        fused += n
+        checked += 1
+        if checked >= 6:
+            break
+    assert checked >= 4 and fused >= 4, (checked, fused)

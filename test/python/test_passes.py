@@ -649,7 +649,8 @@ def test_relu_inplace_on_a_buffer_stays_inplace():
 
 class _ConvBnReluInPlace(nn.Module):
     """torchvision's block: no chain torchfuse fuses by default but
-    conv_add_act (conv -> relu_ once frozen folds the BN)."""
+    conv_add_act (conv -> relu_ once frozen folds the BN) and, unfrozen,
+    conv_batch_norm_act."""
 
     def __init__(self):
         super().__init__()
@@ -667,7 +668,8 @@ def test_unfused_in_place_relu_stays_in_place(freeze):
     taking it, the optimized graph keeps relu_ (no extra allocation)."""
     torch.manual_seed(0)
     ref, src = _twin(_ConvBnReluInPlace().train(not freeze), torch.float32)
-    passes = [f["name"] for f in torchfuse.fusions() if f["by_default"] and f["name"] != "conv_add_act"]
+    passes = [f["name"] for f in torchfuse.fusions()
+              if f["by_default"] and f["name"] not in ("conv_add_act", "conv_batch_norm_act")]
     opt = torchfuse.optimize(src, freeze=freeze, passes=passes)
     # NB: unfrozen and with nothing fused, the result runs src's own methods
     graph = opt.graph if freeze else opt.inlined_graph

@@ -630,9 +630,13 @@ class Generator:
         """conv_add_act's forms: conv -> add -> act (a residual: the conv's
         input itself where shapes allow, as resnet's `out += identity`, or
         another conv of it, as its downsample),
-        conv -> act, conv -> add, and a conv alone (nothing to fuse)."""
+        conv -> act, conv -> add, and a conv alone (nothing to fuse); a
+        batch_norm after the conv (conv_batch_norm_act's chain where the
+        graph is not frozen, BatchNorm folded where it is)."""
         def build(x):
             c = self.conv(x, same_shape=self.chance(0.6))
+            if self.chance(0.3):
+                c = self.batch_norm(c)
             r = self.rng.random()
             if r < 0.06:
                 return c
