@@ -712,9 +712,12 @@ def markdown_section(data: dict, png_rel: Optional[str] = None, level: int = 2) 
     if data.get("dry_run"):
         L += ["> **DRY RUN**: tiny shapes on the CPU. These numbers check the script; they are not measurements.", ""]
     fl = data.get("flags", {})
+    # NB: the runs whose rows the tables show (merged slices keep older rows)
+    shown = {r.get("run_id") for r in data.get("rows", {}).values()} if isinstance(data.get("rows"), dict) else None
+    runs = [r for r in data.get("runs", []) if shown is None or r.get("run_id") in shown]
     L += [f"- GPU: **{data.get('gpu')}**; torch {data.get('torch')}, torchvision {data.get('torchvision')}, "
-          f"transformers {data.get('transformers')}; runs: "
-          + ", ".join(f"`{r.get('commit')}` {r.get('date')}" for r in data.get("runs", [])[-4:]),
+          f"transformers {data.get('transformers')}; runs the rows come from: "
+          + ", ".join(f"`{r.get('commit')}` {r.get('date')}" for r in runs),
           f"- Produced by `python bench/models.py` (slices merged by model/mode/variant); flags as PyTorch's "
           f"defaults: matmul allow_tf32={fl.get('matmul_allow_tf32')}, cuDNN allow_tf32={fl.get('cudnn_allow_tf32')}, "
           f"NNC {'on' if fl.get('texpr_fuser') else 'off'}",
