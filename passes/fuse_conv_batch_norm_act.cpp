@@ -60,7 +60,8 @@ bool isShapeRead(const Node* n) {
 }
 
 // conv{1,2,3}d's output size (batched or not), as ATen computes it for
-// the shapes it accepts.
+// the shapes it accepts; a one-element stride, padding or dilation list
+// holds for every spatial dimension, as ATen expands it.
 torch::jit::Graph& convOutputSizeGraph() {
   static const auto unit = torch::jit::compile(R"(
 def conv_output_size(x: Tensor, w: Tensor, stride: List[int], padding: List[int],
@@ -73,7 +74,10 @@ def conv_output_size(x: Tensor, w: Tensor, stride: List[int], padding: List[int]
         out = [xs[0], ws[0]]
     first = len(xs) - spatial
     for i in range(spatial):
-        out.append((xs[first + i] + 2 * padding[i] - dilation[i] * (ws[2 + i] - 1) - 1) // stride[i] + 1)
+        s = stride[i] if len(stride) > 1 else stride[0]
+        p = padding[i] if len(padding) > 1 else padding[0]
+        d = dilation[i] if len(dilation) > 1 else dilation[0]
+        out.append((xs[first + i] + 2 * p - d * (ws[2 + i] - 1) - 1) // s + 1)
     return out
 )");
   return *torch::jit::toGraphFunction(unit->get_function("conv_output_size")).graph();

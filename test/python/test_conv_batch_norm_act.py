@@ -225,6 +225,31 @@ def test_batch_size_one_per_channel_raises_as_the_original(conv, size):
     torch.testing.assert_close(opt(x), scripted(x), rtol=1e-6, atol=1e-6)
 
 
+class OneElementLists(nn.Module):
+    """conv2d with one-element stride/padding/dilation lists, which ATen
+    expands; F.batch_norm reads the conv output's sizes in training."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(signed(4, 3, 3, 3, seed=1))
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        y = F.conv2d(x, self.w, None, [2], [1], [1], 1)
+        return F.batch_norm(y, self.bn.running_mean, self.bn.running_var, None, None, self.training, 0.1, 1e-5)
+
+
+def test_one_element_conv_lists_keep_the_size_check():
+    m = OneElementLists().train()
+    scripted = torch.jit.script(m)
+    opt = torchfuse.optimize(scripted)
+    assert fused_count(opt) == 1
+    x = signed(2, 3, 7, 5, seed=2)
+    torch.testing.assert_close(opt(x), scripted(x), rtol=1e-6, atol=1e-6)
+    with pytest.raises(Exception, match="more than 1 value per channel"):
+        opt(signed(1, 3, 2, 2))  # (2 + 2 - 2 - 1) // 2 + 1 = 1 per dimension
+
+
 def test_wrong_rank_raises():
     # NB: the scripted original raises BatchNorm's channel-count error,
     # eager and the optimized module BatchNorm2d's rank check
