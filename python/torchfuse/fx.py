@@ -519,6 +519,49 @@ class _Rewriter:
                 count += 1
         return count
 
+    def conv_batch_norm_act(self) -> int:
+        """conv -> batch_norm -> [relu | silu | sigmoid] (FuseConvBatchNormAct):
+        a batch_norm whose training is a bool other than True
+        (notTrainingConstant), with running statistics and number momentum
+        and eps; longest form first."""
+        count = 0
+        for with_act in (True, False):
+            for node in list(self.graph.nodes):
+                act, bn_node = (self._activation(node) or (None, None)) if with_act else ("none", node)
+                if act is None or not isinstance(bn_node, torch.fx.Node):
+                    continue
+                if with_act and not _single_use(bn_node, node):
+                    continue
+                bn = self.call(bn_node, "batch_norm")
+                if bn is None:
+                    continue
+                a = bn.args
+                x = a.get("input")
+                if a.get("training") is not False or not _is_number(a.get("eps")):
+                    continue
+                if not (_is_tensor_value(a.get("running_mean")) and _is_tensor_value(a.get("running_var"))):
+                    continue
+                if any(a.get(k) is not None and not _is_tensor_value(a[k]) for k in ("weight", "bias")):
+                    continue
+                if not isinstance(x, torch.fx.Node) or not _single_use(x, bn_node):
+                    continue
+                conv = self._conv(x)
+                if conv is None:
+                    continue
+                chain = [x, bn_node] + ([node] if with_act else [])
+                inputs = [conv["input"], conv["weight"], conv["bias"], a.get("weight"), a.get("bias"),
+                          a["running_mean"], a["running_var"]]
+                if not _no_intervening_writes(x, chain[-1], set(chain), inputs):
+                    continue
+                momentum = a.get("momentum")
+                self.replace(chain[-1], chain, _ops.custom_conv_batch_norm_act.default,
+                             (conv["input"], conv["weight"], conv["bias"], conv["stride"], conv["padding"],
+                              conv["dilation"], conv["groups"], a.get("weight"), a.get("bias"), a["running_mean"],
+                              a["running_var"], False, float(momentum) if _is_number(momentum) else 0.0,
+                              float(a["eps"]), True, act, []))
+                count += 1
+        return count
+
     def conv_act_max_pool(self) -> int:
         """conv -> [relu | silu | sigmoid] -> max_pool2d (isMaxPool2d: int
         lists, no indices); runs before conv_add_act (the registry's order)."""
@@ -877,6 +920,7 @@ _PASSES: Dict[str, Callable[[_Rewriter], int]] = {
     "conv_relu_add": _Rewriter.conv_relu_add,
     "conv_act_max_pool": _Rewriter.conv_act_max_pool,
     "conv_add_act": _Rewriter.conv_add_act,
+    "conv_batch_norm_act": _Rewriter.conv_batch_norm_act,
     "linear_add_relu": _Rewriter.linear_add_relu,
     "linear_act": _Rewriter.linear_act,
     "add_layer_norm": _Rewriter.add_layer_norm,

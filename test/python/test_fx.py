@@ -415,8 +415,9 @@ def test_inductor_backend_trains_and_infers_as_eager(dynamic):
             torch.testing.assert_close(b, dict(model.named_buffers())[name])
         model.zero_grad(set_to_none=True)
         opt.zero_grad(set_to_none=True)
-    assert seen == {"conv_relu_add": 2, "conv_act_max_pool": 0, "conv_add_act": 0, "linear_add_relu": 2, "batch_norm_add_div_swish": 1,
-                    "linear_act": 0, "add_layer_norm": 0, "relu": 0}
+    assert seen == {"conv_relu_add": 2, "conv_act_max_pool": 0, "conv_add_act": 0, "conv_batch_norm_act": 0,
+                    "linear_add_relu": 2, "batch_norm_add_div_swish": 1, "linear_act": 0, "add_layer_norm": 0,
+                    "relu": 0}
     model.eval()
     opt.eval()
     x = signed(2, 3, 6, 7)
@@ -440,5 +441,29 @@ def test_resnet18(path):
     counts = check_same(model, [x], path, train=True, passes=tfx.pass_names(), steps=1)
     blocks = [m for m in model.modules() if isinstance(m, torchvision.models.resnet.BasicBlock)]
     # one after the stem, one inside each block
-    assert counts == {"conv_relu_add": 0, "conv_act_max_pool": 0, "conv_add_act": 0, "linear_add_relu": 0, "batch_norm_add_div_swish": 0,
-                      "linear_act": 0, "add_layer_norm": 0, "relu": 1 + len(blocks)}, counts
+    assert counts == {"conv_relu_add": 0, "conv_act_max_pool": 0, "conv_add_act": 0, "conv_batch_norm_act": 0,
+                      "linear_add_relu": 0, "batch_norm_add_div_swish": 0, "linear_act": 0, "add_layer_norm": 0,
+                      "relu": 1 + len(blocks)}, counts
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_conv_batch_norm_act_in_eval(path):
+    """conv -> batch_norm (eval) -> relu and conv -> batch_norm: the FX
+    rewrite's conv_batch_norm_act; in training the chains stay (the
+    training BatchNorm is not the op's eval form)."""
+    class ConvBn(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.b1 = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
+            self.c2, self.b2 = nn.Conv2d(4, 5, 1, bias=False), nn.BatchNorm2d(5)
+
+        def forward(self, x):
+            return self.b2(self.c2(torch.relu(self.b1(self.c1(x)))))
+
+    factory = ConvBn
+    model, inputs = make(factory, ((2, 3, 6, 6),), train=False)
+    counts = check_same(model, inputs, path, train=False)
+    assert counts["conv_batch_norm_act"] == 2, counts
+    model, inputs = make(factory, ((2, 3, 6, 6),), train=True)
+    counts = check_same(model, inputs, path, train=True)
+    assert counts["conv_batch_norm_act"] == 0, counts
