@@ -139,6 +139,7 @@ class Generator:
         # BatchNorm statistics "mean", "var") and shape; `modules_by` the
         # modules by what they accept, for the exported method to call.
         self.tie_rng = tie_rng
+        self.bn_rng: Optional[random.Random] = None  # conv -> batch_norm draws (generate sets it)
         self.tie_p = tie_rng.choice([0.0, 0.0, 0.35, 0.7]) if tie_rng else 0.0
         self.reuse_p = 0.0  # chance of reading an existing tensor again (exported method)
         self.tensors_by: Dict[Tuple[str, Shape], List[str]] = collections.defaultdict(list)
@@ -635,8 +636,12 @@ class Generator:
         graph is not frozen, BatchNorm folded where it is)."""
         def build(x):
             c = self.conv(x, same_shape=self.chance(0.6))
-            if self.chance(0.3):
+            # NB: its own random stream, so the programs drawn before it
+            # existed stay the same but for the batch_norm
+            if self.bn_rng is not None and self.bn_rng.random() < 0.3:
+                self.rng, main = self.bn_rng, self.rng
                 c = self.batch_norm(c)
+                self.rng = main
             r = self.rng.random()
             if r < 0.06:
                 return c
@@ -897,6 +902,7 @@ DROPOUT_PROBABILITY = 0.3  # of a dropout chain after forward's statements
 def generate(seed: int, index: int, features: Sequence[str] = tuple(FEATURES)) -> Program:
     rng = random.Random(f"{seed}:{index}")
     g = Generator(rng, random.Random(f"{seed}:{index}:tied") if "tied" in features else None)
+    g.bn_rng = random.Random(f"{seed}:{index}:conv_batch_norm")
     family = rng.choice(["dense", "seq", "image"])
     n = rng.choice([BATCH, BATCH, 3])
     if family == "dense":
