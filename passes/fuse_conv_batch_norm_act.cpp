@@ -98,22 +98,15 @@ bool onlyShapeReadsBesideBatchNorm(Node* conv, Node*& bn) {
       inSameBlock({conv, bn});
 }
 
-void collectConvs(torch::jit::Block* block, std::vector<Node*>& out) {
-  for (Node* n : block->nodes()) {
-    if (isIntListConv(n)) {
-      out.push_back(n);
-    }
-    for (auto* b : n->blocks()) {
-      collectConvs(b, out);
-    }
-  }
-}
-
 // Points the shape reads of a conv output that feeds a batch_norm at
 // equivalents that leave the conv output to the chain; returns how many.
 int64_t detachShapeReads(torch::jit::Graph& graph) {
   std::vector<Node*> convs;
-  collectConvs(graph.block(), convs);
+  forEachNode(graph.block(), [&](Node* n) {
+    if (isIntListConv(n)) {
+      convs.push_back(n);
+    }
+  });
   int64_t moved = 0;
   for (Node* conv : convs) {
     Node* bn = nullptr;

@@ -18,6 +18,7 @@
 
 #include <vector>
 
+#include "passes/match_filters.h"
 #include "torchfuse/passes.h"
 
 namespace torchfuse::passes {
@@ -47,22 +48,15 @@ bool zeroProbability(const Node* n) {
   return p.has_value() && *p == 0.0;
 }
 
-void collect(torch::jit::Block* block, std::vector<Node*>& out) {
-  for (Node* n : block->nodes()) {
-    if (isDropout(n) && zeroProbability(n)) {
-      out.push_back(n);
-    }
-    for (auto* b : n->blocks()) {
-      collect(b, out);
-    }
-  }
-}
-
 } // namespace
 
 int64_t RemoveZeroDropouts(std::shared_ptr<torch::jit::Graph>& graph) {
   std::vector<Node*> zero;
-  collect(graph->block(), zero);
+  forEachNode(graph->block(), [&](Node* n) {
+    if (isDropout(n) && zeroProbability(n)) {
+      zero.push_back(n);
+    }
+  });
   for (Node* n : zero) {
     n->output()->replaceAllUsesWith(n->input(0));
     n->destroy();
