@@ -4,13 +4,15 @@
 // value (passes/fuse_conv_batch_norm_act.cpp).
 //
 // In eval (training false, running statistics present) BatchNorm is the
-// per-channel affine map s * (y - mean) + beta, s = gamma / sqrt(var + eps):
-// it folds into the conv's weight and bias, and the call becomes
-// custom_conv_add_act with the activation in its epilogue, so the conv
-// output is written once instead of three times.  The fold is redone every
-// call (the attributes may change between calls: an optimizer step, a
-// load_state_dict): one CUDA launch where autograd records nothing, ATen
-// ops where it does, so that gradients reach W, b, gamma and beta.  In
+// per-channel affine map s * (y - mean) + beta, s = gamma / sqrt(var + eps),
+// read from the attributes every call (they may change between calls: an
+// optimizer step, a load_state_dict).  On CUDA, where autograd records
+// nothing, the conv's epilogue applies it with the activation
+// (ops/cuda/conv_batch_norm_eval.h), so the conv output is written once
+// instead of three times and no folded weight is allocated.  Elsewhere, and
+// where autograd records, ATen ops fold it into the conv's weight and bias,
+// differentiably (gradients reach W, b, gamma and beta), and the call
+// becomes custom_conv_add_act with the activation in its epilogue.  In
 // training, or without running statistics, the call runs the original ops:
 // the batch statistics and running-statistic updates are ATen's.
 //
@@ -32,7 +34,7 @@
 #include "ops/conv_add_act.h"
 #include "torchfuse/ops.h"
 #ifdef TORCHFUSE_WITH_CUDA
-#include "ops/cuda/fold_batch_norm.h"
+#include "ops/cuda/conv_batch_norm_eval.h"
 #endif
 
 TORCH_LIBRARY_FRAGMENT(torchfuse, m) {
@@ -156,18 +158,18 @@ at::Tensor convBatchNormAct(
   const bool recorded = c10::GradMode::is_enabled() &&
       (weight.requires_grad() || requiresGrad(bias) || requiresGrad(bn_weight) ||
        requiresGrad(bn_bias) || requiresGrad(running_mean) || requiresGrad(running_var));
-  std::optional<std::pair<at::Tensor, at::Tensor>> folded;
 #ifdef TORCHFUSE_WITH_CUDA
-  if (!recorded) {
-    folded = foldBatchNormCuda(weight, bias, bn_weight, bn_bias, *running_mean, *running_var, eps);
+  if (!recorded && input.is_cuda()) {
+    return convBatchNormEvalCuda(ConvBatchNormEvalArgs{
+        input, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias, *running_mean,
+        *running_var, momentum, eps, cudnn_enabled, activation, activation_args});
   }
 #endif
-  if (!folded) {
-    folded = foldWithAten(weight, bias, bn_weight, bn_bias, *running_mean, *running_var, eps);
-  }
+  const auto folded =
+      foldWithAten(weight, bias, bn_weight, bn_bias, *running_mean, *running_var, eps);
   return custom_conv_add_act(
-      input, folded->first, folded->second, stride, padding, dilation, groups, std::nullopt, 1,
-      false, activation, activation_args);
+      input, folded.first, folded.second, stride, padding, dilation, groups, std::nullopt, 1, false,
+      activation, activation_args);
 }
 
 } // namespace

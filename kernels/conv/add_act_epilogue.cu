@@ -42,6 +42,8 @@ __global__ void __launch_bounds__(kThreads) epilogueKernel(
     T* out,
     const T* __restrict__ bias,
     const T* __restrict__ other,
+    const float* __restrict__ scale,
+    const float* __restrict__ shift,
     float alpha,
     Activation act,
     int64_t first,
@@ -53,6 +55,14 @@ __global__ void __launch_bounds__(kThreads) epilogueKernel(
     const int64_t e = first + v * N;
     float x[N];
     loadVec<T, N>(out + e, x);
+    if (scale) {
+      ChannelCursor cursor(e, run, channels);
+#pragma unroll
+      for (int k = 0; k < N; ++k) {
+        x[k] = x[k] * scale[cursor.channel] + shift[cursor.channel];
+        cursor.next(run, channels);
+      }
+    }
     if (bias) {
       // NB: (conv + bias) + alpha * other, eager's order of additions.
       ChannelCursor cursor(e, run, channels);
@@ -93,7 +103,7 @@ void launch(
   constexpr int64_t kMaxBlocks = 65535;
   const int64_t blocks = std::min<int64_t>((vectors + kThreads - 1) / kThreads, kMaxBlocks);
   epilogueKernel<K, T, N><<<unsigned(blocks), kThreads, 0, stream>>>(
-      a.out, a.bias, a.other, a.alpha, a.act, first, vectors, run, a.c);
+      a.out, a.bias, a.other, a.scale, a.shift, a.alpha, a.act, first, vectors, run, a.c);
 }
 
 template <ActivationKind K, typename T>

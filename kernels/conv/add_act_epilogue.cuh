@@ -13,10 +13,12 @@
 
 namespace torchfuse::kernels {
 
-// out = act(out + bias[c] + alpha * other), computed in float and rounded
-// once, over n images x c channels x s positions of `out`, in memory order:
-// nchw ([n][c][s], contiguous) when !channels_last, else nhwc ([n][s][c]).
-// bias (c values) and other (the same sizes and strides as out) may be null.
+// out = act(out * scale[c] + shift[c] + bias[c] + alpha * other), computed
+// in float and rounded once, over n images x c channels x s positions of
+// `out`, in memory order: nchw ([n][c][s], contiguous) when !channels_last,
+// else nhwc ([n][s][c]).  bias (c values) and other (the same sizes and
+// strides as out) may be null; scale and shift (c floats: an eval
+// BatchNorm, kernels/batch_norm/eval_affine.cuh) are both null or both set.
 template <typename T>
 struct ConvAddActEpilogueArgs {
   T* out;
@@ -25,6 +27,8 @@ struct ConvAddActEpilogueArgs {
   float alpha;
   Activation act;
   int64_t n, c, s;
+  const float* scale = nullptr;
+  const float* shift = nullptr;
 };
 
 // 16-byte loads and stores where out and other are 16-byte aligned, else

@@ -66,7 +66,9 @@ at::Tensor convAddActCuda(const ConvAddActArgs& a) {
         act,
         e.images,
         e.channels,
-        e.positions};
+        e.positions,
+        /*scale=*/nullptr,
+        /*shift=*/nullptr};
     kernels::convAddActEpilogue(args, /*channels_last=*/!nchw, stream);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -90,7 +90,9 @@ at::Tensor linearActCuda(const LinearActArgs& a) {
           act,
           /*n=*/1,
           /*c=*/n,
-          /*s=*/m};
+          /*s=*/m,
+          /*scale=*/nullptr,
+          /*shift=*/nullptr};
       kernels::convAddActEpilogue(args, /*channels_last=*/true, ctx.stream);
     });
     C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -1,7 +1,8 @@
 """FuseConvBatchNormAct and custom_conv_batch_norm_act: conv -> batch_norm ->
 [activation] of unfrozen graphs, where BatchNorm reads its statistics,
-affine parameters and `training` flag at run time.  In eval the op folds
-BatchNorm into the conv per call; in training it runs the original ops:
+affine parameters and `training` flag at run time.  In eval the op applies
+BatchNorm per call (on CUDA in the conv's epilogue, elsewhere folded into
+the conv's weight and bias); in training it runs the original ops:
 outputs, gradients, double gradients, running statistics and
 num_batches_tracked stay the original's.  Each rule that keeps a chain has a
 negative test here."""
@@ -340,27 +341,113 @@ def test_torchvision_resnet18_unfrozen_eval_and_training():
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-5, msg=name)
 
 
+CUDA_CASES = [  # (input shape, weight shape, stride, padding, dilation, groups)
+    ((4, 16, 14, 14), (32, 16, 3, 3), [1, 1], [1, 1], [1, 1], 1),
+    ((4, 16, 14, 14), (16, 1, 3, 3), [2, 2], [1, 1], [1, 1], 16),  # depthwise, strided
+    ((3, 8, 33), (12, 8, 5), [1], [2], [2], 1),  # conv1d: no channels-last
+    ((2, 6, 5, 6, 7), (10, 6, 3, 3, 3), [1, 1, 1], [1, 1, 1], [1, 1, 1], 1),
+    ((2, 8, 4, 4), (12, 8, 4, 4), [1, 1], [0, 0], [1, 1], 1),  # 1x1 output: the original ops
+]
+
+
+def _cuda_case(case, dtype, channels_last, seed=11):
+    xs, ws, stride, padding, dilation, groups = case
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(*xs, generator=g)
+    w = torch.randn(*ws, generator=g) * 0.1
+    b = torch.randn(ws[0], generator=g)
+    gamma, beta, mean, var = bn_state(ws[0], seed + 1)
+    host = (x, w, b, gamma, beta, mean, var)
+    dev = [t.to("cuda", dtype) for t in host]
+    if channels_last and x.dim() in (4, 5):
+        fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+        dev[0] = dev[0].contiguous(memory_format=fmt)
+        dev[1] = dev[1].contiguous(memory_format=fmt)
+    return host, dev, (stride, padding, dilation, groups)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("case", CUDA_CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_cuda_eval_fold_against_float64(dtype, channels_last):
-    """The one-launch fold (no gradient recorded), then custom_conv_add_act."""
-    g = torch.Generator().manual_seed(11)
-    x = torch.randn(4, 16, 14, 14, generator=g)
-    w = torch.randn(32, 16, 3, 3, generator=g) * 0.1
-    b = torch.randn(32, generator=g)
-    gamma, beta, mean, var = bn_state(32, 12)
-    args64 = [t.double() for t in (x, w, b, gamma, beta, mean, var)]
-    ref = reference(args64[0], args64[1], args64[2], [1, 1], [1, 1], [1, 1], 1, *args64[3:], False, 0.1, 1e-5, "relu")
-    dev = [t.to("cuda", dtype) for t in (x, w, b, gamma, beta, mean, var)]
-    if channels_last:
-        dev[0] = dev[0].contiguous(memory_format=torch.channels_last)
-        dev[1] = dev[1].contiguous(memory_format=torch.channels_last)
-    poison_allocator([x.numel() * 8, w.numel() * 8, 32 * 8])
+@pytest.mark.parametrize("act", ["relu", "hardswish"])
+def test_cuda_eval_against_float64(case, dtype, channels_last, act):
+    """No gradient recorded: the conv, then BatchNorm's affine map and the
+    activation in its epilogue; the output keeps the original's strides."""
+    host, dev, (stride, padding, dilation, groups) = _cuda_case(case, dtype, channels_last)
+    args64 = [t.double() for t in host]
+    ref = reference(args64[0], args64[1], args64[2], stride, padding, dilation, groups, *args64[3:], False, 0.1,
+                    1e-5, act)
+    poison_allocator([ref.numel() * dtype.itemsize, host[1].numel() * dtype.itemsize])
     with torch.no_grad():
-        got = OP(dev[0], dev[1], dev[2], [1, 1], [1, 1], [1, 1], 1, *dev[3:], False, 0.1, 1e-5, True, "relu", [])
-        want = reference(dev[0], dev[1], dev[2], [1, 1], [1, 1], [1, 1], 1, *dev[3:], False, 0.1, 1e-5, "relu")
-    assert_close_to_reference(got, want, ref, what=f"conv_batch_norm_act {dtype} cl={channels_last}")
+        got = OP(dev[0], dev[1], dev[2], stride, padding, dilation, groups, *dev[3:], False, 0.1, 1e-5, True, act, [])
+        want = reference(dev[0], dev[1], dev[2], stride, padding, dilation, groups, *dev[3:], False, 0.1, 1e-5, act)
+    assert got.stride() == want.stride()
+    assert_close_to_reference(got, want, ref, what=f"conv_batch_norm_act {case[1]} {dtype} cl={channels_last} {act}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_cuda_eval_allocates_only_the_output(channels_last):
+    """The BatchNorm is applied in the conv's epilogue: no folded weight and no
+    second activation-sized tensor.  The weight is larger than the output, so
+    a folded copy would show."""
+    case = ((2, 256, 8, 8), (512, 256, 3, 3), [1, 1], [1, 1], [1, 1], 1)
+    _, dev, (stride, padding, dilation, groups) = _cuda_case(case, torch.float32, channels_last)
+    with torch.no_grad():
+        OP(dev[0], dev[1], dev[2], stride, padding, dilation, groups, *dev[3:], False, 0.1, 1e-5, True, "relu", [])
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        out = OP(dev[0], dev[1], dev[2], stride, padding, dilation, groups, *dev[3:], False, 0.1, 1e-5, True, "relu",
+                 [])
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated() - before
+        # the conv's output and cuDNN's workspace, which eager's conv takes as well
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        conv = F.conv2d(dev[0], dev[1], None, stride, padding, dilation, groups)
+        torch.cuda.synchronize()
+        conv_peak = torch.cuda.max_memory_allocated() - before
+    weight_bytes = dev[1].numel() * dev[1].element_size()
+    assert out.numel() * out.element_size() < weight_bytes
+    assert peak <= conv_peak + 4096, (peak, conv_peak)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_eval_under_autocast_keeps_the_original_dtype_and_values():
+    """float32 BatchNorm tensors with a float16 convolution (autocast): the
+    affine map reads them in their own dtype."""
+    case = CUDA_CASES[0]
+    host, dev, (stride, padding, dilation, groups) = _cuda_case(case, torch.float32, True)
+    args64 = [t.double() for t in host]
+    ref = reference(args64[0], args64[1], args64[2], stride, padding, dilation, groups, *args64[3:], False, 0.1,
+                    1e-5, "relu")
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.float16):
+        got = OP(dev[0], dev[1], dev[2], stride, padding, dilation, groups, *dev[3:], False, 0.1, 1e-5, True, "relu",
+                 [])
+        want = reference(dev[0], dev[1], dev[2], stride, padding, dilation, groups, *dev[3:], False, 0.1, 1e-5, "relu")
+    assert got.dtype == want.dtype == torch.float16
+    assert_close_to_reference(got, want, ref, what="conv_batch_norm_act under autocast")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_eval_recording_folds_differentiably():
+    """Autograd recording in eval: the ATen fold, so gradients reach the conv
+    and BatchNorm parameters, as the original's do."""
+    host, dev, (stride, padding, dilation, groups) = _cuda_case(CUDA_CASES[0], torch.float64, False)
+    leaves = [t.clone().requires_grad_() for t in dev]
+    got = OP(leaves[0], leaves[1], leaves[2], stride, padding, dilation, groups, *leaves[3:], False, 0.1, 1e-5, True,
+             "silu", [])
+    gy = torch.randn_like(got)
+    grads = torch.autograd.grad(got, [leaves[i] for i in (0, 1, 2, 3, 4)], gy)
+    leaves2 = [t.clone().requires_grad_() for t in dev]
+    want = reference(leaves2[0], leaves2[1], leaves2[2], stride, padding, dilation, groups, *leaves2[3:], False, 0.1,
+                     1e-5, "silu")
+    grads2 = torch.autograd.grad(want, [leaves2[i] for i in (0, 1, 2, 3, 4)], gy)
+    torch.testing.assert_close(got, want)
+    for a, b in zip(grads, grads2):
+        torch.testing.assert_close(a, b)
 
 
 def test_fuzzer_programs_with_the_chain_keep_their_meaning():
