@@ -100,6 +100,19 @@ def test_gradients_and_double_gradients(training):
     assert torch.autograd.gradgradcheck(f, (x, w, b, gamma, beta))
 
 
+@pytest.mark.parametrize("training", [False, True])
+def test_opcheck(training):
+    """Schema, autograd registration, fake tensors and AOT dispatch (dynamic
+    shapes included), in eval and in training, where the running statistics
+    are updated."""
+    x, w, b = signed(2, 4, 6, 6, seed=1), signed(6, 4, 3, 3, seed=2), signed(6, seed=3)
+    gamma, beta, mean, var = bn_state(6, 4)
+    for t in (x, w, b, gamma, beta):
+        t.requires_grad_()
+    torch.library.opcheck(OP, (x, w, b, [1, 1], [1, 1], [1, 1], 1, gamma, beta, mean, var, training, 0.1, 1e-5, True,
+                               "relu", []))
+
+
 def test_unknown_activation_names_the_argument():
     x, w = signed(1, 2, 4, 4), signed(3, 2, 1, 1)
     gamma, beta, mean, var = bn_state(3, 1)
