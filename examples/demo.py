@@ -7,8 +7,8 @@
 2. One line per fusion: a small model holding the chain, the chains fused,
    the largest difference from the original and the time per call of both.
 
-Times are medians of 20 calls after warm-up runs that include TorchScript's
-profiling runs, under TorchScript's default settings (NNC on); CUDA events on
+Times are medians of 20 calls, the original's and the optimized model's in
+alternation, after warm-up runs that include TorchScript's profiling runs, under TorchScript's default settings (NNC on); CUDA events on
 a GPU.  Exits non-zero when an output differs beyond the tolerance.
 
     make demo            # or: source env.sh && python examples/demo.py
@@ -69,26 +69,30 @@ class BatchNormSwish(nn.Module):
         return t * torch.sigmoid(t)
 
 
-def median_ms(fn, x, device, warmup=5, runs=20):
-    """Median time per call; the warm-up covers the profiling executor's
-    profiling and optimizing runs."""
-    times = []
+def median_ms(fns, x, device, warmup=5, runs=20):
+    """Median time per call of each of fns, timed in alternation (one call of
+    each per round), so that a drift in the machine's speed affects them
+    alike; the warm-up covers the profiling executor's profiling and
+    optimizing runs."""
+    times = [[] for _ in fns]
     with torch.no_grad():
-        for _ in range(warmup):
-            fn(x)
+        for fn in fns:
+            for _ in range(warmup):
+                fn(x)
         for _ in range(runs):
-            if device.type == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn(x)
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end))
-            else:
-                t0 = time.perf_counter()
-                fn(x)
-                times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+            for fn, t in zip(fns, times):
+                if device.type == "cuda":
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    fn(x)
+                    end.record()
+                    end.synchronize()
+                    t.append(start.elapsed_time(end))
+                else:
+                    t0 = time.perf_counter()
+                    fn(x)
+                    t.append((time.perf_counter() - t0) * 1e3)
+    return [statistics.median(t) for t in times]
 
 
 def fused_chains(report):
@@ -130,7 +134,7 @@ def real_model(device, show_graph):
         x = torch.randn(*shape, device=device)
         with torch.no_grad():
             err = (optimized(x) - original(x)).abs().max().item()
-        before, after = median_ms(original, x, device), median_ms(optimized, x, device)
+        before, after = median_ms([original, optimized], x, device)
         print(f"   check passed; chains fused: {fused}; convolution weights stored channels-last: "
               f"{report.get('channels_last_weights', 0)}; max |difference| {err:.1e}")
         print(f"   time per call: {before:.2f} ms original, {after:.2f} ms optimized "
@@ -162,8 +166,7 @@ def chains(device, show_graph):
         ok &= match
         # NB: training-mode BN updates its statistics on every call: time
         # identical copies.
-        before = median_ms(torch.jit.script(copy.deepcopy(model)), x, device)
-        after = median_ms(optimized, x, device)
+        before, after = median_ms([torch.jit.script(copy.deepcopy(model)), optimized], x, device)
         print(f"   {name:40s} fused: {fused_chains(torchfuse.report(optimized)):22s} "
               f"max |diff| {err:.1e}{'' if match else ' MISMATCH'}   "
               f"{before:.3f} → {after:.3f} ms")

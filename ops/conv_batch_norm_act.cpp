@@ -6,15 +6,19 @@
 // In eval (training false, running statistics present) BatchNorm is the
 // per-channel affine map s * (y - mean) + beta, s = gamma / sqrt(var + eps),
 // read from the attributes every call (they may change between calls: an
-// optimizer step, a load_state_dict).  On CUDA, where autograd records
-// nothing, the conv's epilogue applies it with the activation
-// (ops/cuda/conv_batch_norm_eval.h), so the conv output is written once
-// instead of three times and no folded weight is allocated.  Elsewhere, and
-// where autograd records, ATen ops fold it into the conv's weight and bias,
-// differentiably (gradients reach W, b, gamma and beta), and the call
-// becomes custom_conv_add_act with the activation in its epilogue.  In
-// training, or without running statistics, the call runs the original ops:
-// the batch statistics and running-statistic updates are ATen's.
+// optimizer step, a load_state_dict).  Where autograd records nothing:
+// - on CUDA, the conv's epilogue applies it with the activation
+//   (ops/cuda/conv_batch_norm_eval.h), so the conv output is written once
+//   instead of three times and no folded weight is allocated;
+// - elsewhere, ATen ops fold it into the conv's weight and bias, and the call
+//   becomes custom_conv_add_act with the activation in its epilogue, where
+//   the weight is smaller than the conv output (the fold's pass over the
+//   weight then costs less than BatchNorm's pass over the output).
+// Otherwise the call runs the original ops: in training (the batch
+// statistics and running-statistic updates are ATen's), where autograd
+// records (its gradients, and no folded weight kept for the backward), and
+// under a tracer (fake and functional tensors, dispatch modes), which then
+// records the original's ATen ops.
 //
 // NB: CompositeImplicitAutograd, as custom_unmasked_attention: made of ATen
 // and torchfuse calls, it runs on every backend (Meta included), autograd
@@ -22,9 +26,12 @@
 // casts each nested call as it cast the original's.
 
 #include <ATen/ATen.h>
+#include <ATen/TensorSubclassLikeUtils.h>
 #include <c10/core/GradMode.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <initializer_list>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -96,6 +103,51 @@ bool requiresGrad(const std::optional<at::Tensor>& t) {
   return defined(t) && t->requires_grad();
 }
 
+bool anySubclassLike(std::initializer_list<const std::optional<at::Tensor>*> ts) {
+  return std::any_of(ts.begin(), ts.end(), [](const std::optional<at::Tensor>* t) {
+    return defined(*t) && at::isTensorSubclassLike(**t);
+  });
+}
+
+bool anySubclassLike(
+    std::initializer_list<const at::Tensor*> required,
+    std::initializer_list<const std::optional<at::Tensor>*> optional) {
+  return std::any_of(
+             required.begin(), required.end(),
+             [](const at::Tensor* t) { return at::isTensorSubclassLike(*t); }) ||
+      anySubclassLike(optional);
+}
+
+// The element count of the convolution's output (batched or not); 0 where
+// the sizes give none, so that the caller runs the original ops and their
+// errors.
+int64_t convOutputNumel(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation) {
+  const int64_t k = weight.dim() - 2;
+  if (k < 1 || input.dim() < k + 1) {
+    return 0;
+  }
+  // a one-element list stands for every spatial dimension, as at::conv*d's
+  const auto nth = [](at::IntArrayRef v, int64_t i, int64_t fallback) {
+    return v.empty() ? fallback : v[v.size() == 1 ? 0 : std::min<int64_t>(i, v.size() - 1)];
+  };
+  int64_t n = (input.dim() == weight.dim() ? input.size(0) : 1) * weight.size(0);
+  for (int64_t i = 0; i < k; ++i) {
+    const int64_t extent = nth(dilation, i, 1) * (weight.size(2 + i) - 1) + 1;
+    const int64_t span = input.size(input.dim() - k + i) + 2 * nth(padding, i, 0) - extent;
+    const int64_t s = nth(stride, i, 1);
+    if (span < 0 || s <= 0) {
+      return 0;
+    }
+    n *= span / s + 1;
+  }
+  return n;
+}
+
 // The fold with ATen ops, in float (double for double weights), rounded once
 // to the weight's dtype: differentiable, and on every backend.
 std::pair<at::Tensor, at::Tensor> foldWithAten(
@@ -143,28 +195,46 @@ at::Tensor convBatchNormAct(
   checkDefined(kOp, "input", input);
   checkDefined(kOp, "weight", weight);
   parseActivation(activation, activation_args, kOp);
-  const bool eval_statistics = !training && defined(running_mean) && defined(running_var);
-  // NB: a per-channel shape BatchNorm would reject keeps its error.
-  const int64_t c = weight.dim() >= 3 ? weight.size(0) : -1;
-  const bool foldable = eval_statistics && c >= 0 && perChannelOrNone(running_mean, c) &&
-      perChannelOrNone(running_var, c) && perChannelOrNone(bn_weight, c) &&
-      perChannelOrNone(bn_bias, c) && perChannelOrNone(bias, c);
-  if (!foldable) {
+  const auto original = [&] {
     auto y = convolve(input, weight, bias, stride, padding, dilation, groups);
     auto z = at::batch_norm(
         y, bn_weight, bn_bias, running_mean, running_var, training, momentum, eps, cudnn_enabled);
     return applyActivation(z, activation, activation_args);
+  };
+  // NB: a tracer (torch.compile, torch.export, make_fx) sees the original's
+  // ATen ops: fake tensors have no data for a kernel, and a kernel launched
+  // on real ones would not be recorded.
+  if (training || !defined(running_mean) || !defined(running_var) ||
+      anySubclassLike(
+          {&input, &weight}, {&bias, &bn_weight, &bn_bias, &running_mean, &running_var})) {
+    return original();
   }
+  // NB: a per-channel shape BatchNorm would reject keeps its error.
+  const int64_t c = weight.dim() >= 3 ? weight.size(0) : -1;
+  const bool foldable = c >= 0 && perChannelOrNone(running_mean, c) &&
+      perChannelOrNone(running_var, c) && perChannelOrNone(bn_weight, c) &&
+      perChannelOrNone(bn_bias, c) && perChannelOrNone(bias, c);
+  // NB: where autograd records, the original ops: their gradients, and no
+  // folded weight kept alive for the backward.
   const bool recorded = c10::GradMode::is_enabled() &&
-      (weight.requires_grad() || requiresGrad(bias) || requiresGrad(bn_weight) ||
-       requiresGrad(bn_bias) || requiresGrad(running_mean) || requiresGrad(running_var));
+      (input.requires_grad() || weight.requires_grad() || requiresGrad(bias) ||
+       requiresGrad(bn_weight) || requiresGrad(bn_bias) || requiresGrad(running_mean) ||
+       requiresGrad(running_var));
+  if (!foldable || recorded) {
+    return original();
+  }
 #ifdef TORCHFUSE_WITH_CUDA
-  if (!recorded && input.is_cuda()) {
+  if (input.is_cuda()) {
     return convBatchNormEvalCuda(ConvBatchNormEvalArgs{
         input, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias, *running_mean,
         *running_var, momentum, eps, cudnn_enabled, activation, activation_args});
   }
 #endif
+  // Elsewhere the fold is a pass over the weight that saves BatchNorm's pass
+  // over the conv output: it pays where the weight is the smaller.
+  if (weight.numel() >= convOutputNumel(input, weight, stride, padding, dilation)) {
+    return original();
+  }
   const auto folded =
       foldWithAten(weight, bias, bn_weight, bn_bias, *running_mean, *running_var, eps);
   return custom_conv_add_act(

@@ -113,6 +113,71 @@ def test_opcheck(training):
                                "relu", []))
 
 
+def _eval_args(xs, ws, seed=1):
+    x, w, b = signed(*xs, seed=seed), signed(*ws, seed=seed + 1), signed(ws[0], seed=seed + 2)
+    gamma, beta, mean, var = bn_state(ws[0], seed + 3)
+    return [x, w, b, [1, 1], [0, 0], [1, 1], 1, gamma, beta, mean, var, False, 0.1, 1e-5, True, "relu", []]
+
+
+def _calls(fn):
+    with torch.autograd.profiler.profile() as prof:
+        fn()
+    return {e.name for e in prof.function_events}
+
+
+def test_cpu_fold_pays_only_where_the_weight_is_the_smaller():
+    """Off CUDA the fold is a pass over the weight instead of BatchNorm's pass
+    over the conv output: it runs where the weight has fewer elements, else
+    the original ops, bit for bit."""
+    big_output = _eval_args((4, 3, 16, 16), (8, 3, 1, 1))  # weight 24, output 8192
+    big_weight = _eval_args((1, 64, 2, 2), (64, 64, 1, 1))  # weight 4096, output 256
+    with torch.no_grad():
+        assert "torchfuse::custom_conv_add_act" in _calls(lambda: OP(*big_output))
+        calls = _calls(lambda: OP(*big_weight))
+        assert "torchfuse::custom_conv_add_act" not in calls and "aten::batch_norm" in calls
+        a = big_weight
+        torch.testing.assert_close(OP(*a), reference(*a[:11], False, 0.1, 1e-5, "relu"), rtol=0, atol=0)
+
+
+def test_recording_runs_the_original_ops_for_an_input_gradient():
+    """Eval with only the input requiring grad (a saliency map): the original
+    ops, so the input's gradient is the original's."""
+    a = _eval_args((2, 3, 8, 8), (4, 3, 3, 3))
+    x = a[0].clone().requires_grad_()
+    got = OP(x, *a[1:])
+    x2 = a[0].clone().requires_grad_()
+    want = reference(x2, *a[1:11], False, 0.1, 1e-5, "relu")
+    gy = signed(*got.shape, seed=9)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(torch.autograd.grad(got, x, gy)[0], torch.autograd.grad(want, x2, gy)[0],
+                               rtol=0, atol=0)
+
+
+def test_fake_cuda_tensors_take_the_original_ops():
+    """Fake tensors (torch.compile, torch.export) have no data for a kernel:
+    CUDA ones run the original ATen ops, without a device."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(), torch.no_grad():
+        a = [t.to("cuda") if isinstance(t, torch.Tensor) else t for t in _eval_args((2, 4, 6, 6), (6, 4, 3, 3))]
+        y = OP(*a)
+    assert y.device.type == "cuda" and y.shape == (2, 6, 4, 4)
+
+
+def test_a_tracer_records_the_original_ops():
+    """make_fx (a dispatch mode) records the original's ATen ops, not a
+    kernel it cannot see."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    a = _eval_args((2, 3, 16, 16), (8, 3, 1, 1))  # the fold would run untraced
+    with torch.no_grad():
+        gm = make_fx(lambda x: OP(x, *a[1:]))(a[0])
+        torch.testing.assert_close(gm(a[0]), OP(*a))
+    targets = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+    assert any("batch_norm" in t for t in targets), targets
+    assert not any("torchfuse" in t for t in targets), targets
+
+
 def test_unknown_activation_names_the_argument():
     x, w = signed(1, 2, 4, 4), signed(3, 2, 1, 1)
     gamma, beta, mean, var = bn_state(3, 1)
@@ -445,9 +510,9 @@ def test_cuda_eval_under_autocast_keeps_the_original_dtype_and_values():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_cuda_eval_recording_folds_differentiably():
-    """Autograd recording in eval: the ATen fold, so gradients reach the conv
-    and BatchNorm parameters, as the original's do."""
+def test_cuda_eval_recording_runs_the_original_ops():
+    """Autograd recording in eval: the original ops, so the gradients of the
+    input, the conv and the BatchNorm parameters are the original's."""
     host, dev, (stride, padding, dilation, groups) = _cuda_case(CUDA_CASES[0], torch.float64, False)
     # NB: the running statistics are buffers: no gradient
     leaves = [t.clone().requires_grad_(i < 5) for i, t in enumerate(dev)]
