@@ -5,6 +5,8 @@ The CUDA side is tested in test_cuda_ops.py.
 """
 
 import copy
+import pathlib
+import re
 
 import pytest
 import torch
@@ -288,6 +290,41 @@ def test_opcheck_internal_ops(index):
     torch.manual_seed(index)
     _, op, args = internal_opcheck_samples()[index]
     torch.library.opcheck(op, args)
+
+
+# Every op of the library and the test file that runs torch.library.opcheck
+# on it: an op added without an opcheck fails here.
+OPCHECK_FILES = {
+    "custom_add_layer_norm": "test_add_layer_norm.py",
+    "custom_batch_norm_add_div_swish": "test_ops.py",
+    "custom_batch_norm_add_div_swish_backward": "test_ops.py",
+    "custom_batch_norm_add_div_swish_eval": "test_ops.py",
+    "custom_batch_norm_add_div_swish_forward": "test_ops.py",
+    "custom_conv_act_max_pool": "test_conv_act_max_pool.py",
+    "custom_conv_add_act": "test_conv_add_act.py",
+    "custom_conv_batch_norm_act": "test_conv_batch_norm_act.py",
+    "custom_conv_relu_add": "test_ops.py",
+    "custom_conv_relu_add_backward": "test_ops.py",
+    "custom_conv_relu_add_forward": "test_ops.py",
+    "custom_linear_act": "test_linear_act.py",
+    "custom_linear_add_relu": "test_ops.py",
+    "custom_linear_add_relu_backward": "test_ops.py",
+    "custom_relu": "test_ops.py",
+    "custom_relu_backward": "test_ops.py",
+    "custom_relu_forward_mask": "test_ops.py",
+    "custom_restore_layout": "test_layout.py",
+    "custom_spatial_mean": "test_spatial_mean.py",
+    "custom_unmasked_attention": "test_attention_masks.py",
+}
+
+
+def test_every_op_has_an_opcheck():
+    registered = {n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith("torchfuse::")}
+    assert registered == set(OPCHECK_FILES), registered ^ set(OPCHECK_FILES)
+    here = pathlib.Path(__file__).parent
+    for op, name in OPCHECK_FILES.items():
+        text = (here / name).read_text()
+        assert "opcheck(" in text and re.search(rf"\b{op}\b", text), (op, name)
 
 
 # ------------------------------------------------- TorchScript and save/load
