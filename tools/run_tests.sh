@@ -25,18 +25,8 @@ if [ "$which" = all ] || [ "$which" = cpp ]; then
   fi
 fi
 if [ "$which" = all ] || [ "$which" = python ]; then
-  args=${PYTEST_ARGS:-}
-  # NB: one pytest-xdist worker per core where the caller chose no workers
-  # (about 1.6x faster on 2 cores), each torch on its share of the cores;
-  # -p no:benchmark: pytest-benchmark, where installed, warns under xdist
-  # and the suite turns warnings into errors.
-  workers=$(nproc)
-  if [[ " $args " != *" -n "* ]] && [ "$workers" -gt 1 ] && python -c 'import xdist' 2>/dev/null; then
-    args="$args -n $workers -p no:benchmark"
-    export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-  fi
-  echo "== Python tests (pytest${args:+ $args})"
+  echo "== Python tests (pytest)"
   # shellcheck disable=SC2086
-  python -m pytest test/python -q -rs $args || status=1
+  python -m pytest test/python -q -rs ${PYTEST_ARGS:-} || status=1
 fi
 exit $status
