@@ -103,19 +103,12 @@ bool requiresGrad(const std::optional<at::Tensor>& t) {
   return defined(t) && t->requires_grad();
 }
 
+// Whether any defined tensor is a tracer's (fake, functional) or a dispatch
+// mode is active (at::isTensorSubclassLike).
 bool anySubclassLike(std::initializer_list<const std::optional<at::Tensor>*> ts) {
   return std::any_of(ts.begin(), ts.end(), [](const std::optional<at::Tensor>* t) {
     return defined(*t) && at::isTensorSubclassLike(**t);
   });
-}
-
-bool anySubclassLike(
-    std::initializer_list<const at::Tensor*> required,
-    std::initializer_list<const std::optional<at::Tensor>*> optional) {
-  return std::any_of(
-             required.begin(), required.end(),
-             [](const at::Tensor* t) { return at::isTensorSubclassLike(*t); }) ||
-      anySubclassLike(optional);
 }
 
 // The element count of the convolution's output (batched or not); 0 where
@@ -194,7 +187,7 @@ at::Tensor convBatchNormAct(
     at::ArrayRef<double> activation_args) {
   checkDefined(kOp, "input", input);
   checkDefined(kOp, "weight", weight);
-  parseActivation(activation, activation_args, kOp);
+  const auto act = parseActivation(activation, activation_args, kOp);
   const auto original = [&] {
     auto y = convolve(input, weight, bias, stride, padding, dilation, groups);
     auto z = at::batch_norm(
@@ -205,8 +198,8 @@ at::Tensor convBatchNormAct(
   // ATen ops: fake tensors have no data for a kernel, and a kernel launched
   // on real ones would not be recorded.
   if (training || !defined(running_mean) || !defined(running_var) ||
-      anySubclassLike(
-          {&input, &weight}, {&bias, &bn_weight, &bn_bias, &running_mean, &running_var})) {
+      at::isTensorSubclassLike(input) || at::isTensorSubclassLike(weight) ||
+      anySubclassLike({&bias, &bn_weight, &bn_bias, &running_mean, &running_var})) {
     return original();
   }
   // NB: a per-channel shape BatchNorm would reject keeps its error.
@@ -227,7 +220,7 @@ at::Tensor convBatchNormAct(
   if (input.is_cuda()) {
     return convBatchNormEvalCuda(ConvBatchNormEvalArgs{
         input, weight, bias, stride, padding, dilation, groups, bn_weight, bn_bias, *running_mean,
-        *running_var, momentum, eps, cudnn_enabled, activation, activation_args});
+        *running_var, momentum, eps, cudnn_enabled, activation, activation_args, act});
   }
 #endif
   // Elsewhere the fold is a pass over the weight that saves BatchNorm's pass

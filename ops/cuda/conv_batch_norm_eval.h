@@ -12,6 +12,8 @@
 
 #include <optional>
 
+#include "kernels/common/activation.h"
+
 namespace torchfuse::ops {
 
 // NB: references to the dispatcher's arguments, valid for the call.
@@ -32,6 +34,7 @@ struct ConvBatchNormEvalArgs {
   bool cudnn_enabled;
   c10::string_view activation;
   at::ArrayRef<double> activation_args;
+  kernels::Activation act; // parseActivation(activation, activation_args)
 };
 
 // act(batch_norm(conv(input, weight, bias), eval statistics)) for a CUDA

@@ -70,14 +70,13 @@ at::Tensor convBatchNormEvalCuda(const ConvBatchNormEvalArgs& a) {
     kernels::batch_norm::evalAffine(args, stream);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  const auto act = parseActivation(a.activation, a.activation_args);
   TORCHFUSE_DISPATCH_KERNEL_TYPES(out.scalar_type(), "custom_conv_batch_norm_act", [&] {
     const kernels::ConvAddActEpilogueArgs<CudaType<scalar_t>::type> args{
         cudaPtr<scalar_t>(out),
         /*bias=*/nullptr,
         /*other=*/nullptr,
         /*alpha=*/1.0f,
-        act,
+        a.act,
         e.images,
         e.channels,
         e.positions,
