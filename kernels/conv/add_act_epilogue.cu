@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/common/activation.cuh"
+#include "kernels/common/channel_cursor.cuh"
 #include "kernels/common/dtype.cuh"
 #include "kernels/common/launch.cuh"
 #include "kernels/common/vec.cuh"
@@ -18,26 +19,10 @@
 namespace torchfuse::kernels {
 namespace {
 
-// The channel of consecutive elements: element e has channel
-// (e / run) % channels, with run = s for nchw, 1 for nhwc.
-struct ChannelCursor {
-  int64_t channel, offset; // offset within the current run
-
-  __device__ ChannelCursor(int64_t e, int64_t run, int64_t channels) {
-    const int64_t q = e / run;
-    offset = e - q * run;
-    channel = q % channels;
-  }
-  __device__ void next(int64_t run, int64_t channels) {
-    if (++offset == run) {
-      offset = 0;
-      channel = channel + 1 == channels ? 0 : channel + 1;
-    }
-  }
-};
-
 // Vectors of N elements from element `first` on; `vectors` of them.
-template <ActivationKind K, typename T, int N>
+// Index: uint32_t where every element index is below 2^31 (the dividers'
+// multiply-shift), else uint64_t.
+template <ActivationKind K, typename T, int N, typename Index>
 __global__ void __launch_bounds__(kThreads) epilogueKernel(
     T* out,
     const T* __restrict__ bias,
@@ -46,30 +31,26 @@ __global__ void __launch_bounds__(kThreads) epilogueKernel(
     const float* __restrict__ shift,
     float alpha,
     Activation act,
-    int64_t first,
-    int64_t vectors,
-    int64_t run,
-    int64_t channels) {
-  for (int64_t v = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors;
-       v += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t e = first + v * N;
+    Index first,
+    Index vectors,
+    ChannelMap<Index> map) {
+  for (Index v = Index(blockIdx.x) * blockDim.x + threadIdx.x; v < vectors;
+       v += Index(gridDim.x) * blockDim.x) {
+    const Index e = first + v * N;
     float x[N];
     loadVec<T, N>(out + e, x);
-    if (scale) {
-      ChannelCursor cursor(e, run, channels);
+    if (scale || bias) {
+      auto cursor = map.at(e);
 #pragma unroll
       for (int k = 0; k < N; ++k) {
-        x[k] = x[k] * scale[cursor.channel] + shift[cursor.channel];
-        cursor.next(run, channels);
-      }
-    }
-    if (bias) {
-      // NB: (conv + bias) + alpha * other, eager's order of additions.
-      ChannelCursor cursor(e, run, channels);
-#pragma unroll
-      for (int k = 0; k < N; ++k) {
-        x[k] += toFloat(bias[cursor.channel]);
-        cursor.next(run, channels);
+        if (scale) {
+          x[k] = x[k] * scale[cursor.channel] + shift[cursor.channel];
+        }
+        if (bias) {
+          // NB: (conv + bias) + alpha * other, eager's order of additions.
+          x[k] += toFloat(bias[cursor.channel]);
+        }
+        cursor.next(map.run, map.channels);
       }
     }
     if (other) {
@@ -88,7 +69,7 @@ __global__ void __launch_bounds__(kThreads) epilogueKernel(
   }
 }
 
-template <ActivationKind K, typename T, int N>
+template <ActivationKind K, typename T, int N, typename Index>
 void launch(
     const ConvAddActEpilogueArgs<T>& a,
     int64_t first,
@@ -102,21 +83,37 @@ void launch(
   // loop takes the rest.
   constexpr int64_t kMaxBlocks = 65535;
   const int64_t blocks = std::min<int64_t>((vectors + kThreads - 1) / kThreads, kMaxBlocks);
-  epilogueKernel<K, T, N><<<unsigned(blocks), kThreads, 0, stream>>>(
-      a.out, a.bias, a.other, a.scale, a.shift, a.alpha, a.act, first, vectors, run, a.c);
+  epilogueKernel<K, T, N, Index><<<unsigned(blocks), kThreads, 0, stream>>>(
+      a.out, a.bias, a.other, a.scale, a.shift, a.alpha, a.act, Index(first), Index(vectors),
+      ChannelMap<Index>(run, a.c));
+}
+
+template <ActivationKind K, typename T, typename Index>
+void runWith(
+    const ConvAddActEpilogueArgs<T>& a,
+    int64_t total,
+    int64_t period,
+    cudaStream_t stream) {
+  constexpr int kVec = maxVec<T>();
+  if (aligned16(a.out) && aligned16(a.other)) {
+    const int64_t vectors = total / kVec;
+    launch<K, T, kVec, Index>(a, 0, vectors, period, stream);
+    launch<K, T, 1, Index>(a, vectors * kVec, total - vectors * kVec, period, stream);
+  } else {
+    launch<K, T, 1, Index>(a, 0, total, period, stream);
+  }
 }
 
 template <ActivationKind K, typename T>
 void run(const ConvAddActEpilogueArgs<T>& a, bool channels_last, cudaStream_t stream) {
   const int64_t total = a.n * a.c * a.s;
   const int64_t period = channels_last ? 1 : a.s;
-  constexpr int kVec = maxVec<T>();
-  if (aligned16(a.out) && aligned16(a.other)) {
-    const int64_t vectors = total / kVec;
-    launch<K, T, kVec>(a, 0, vectors, period, stream);
-    launch<K, T, 1>(a, vectors * kVec, total - vectors * kVec, period, stream);
+  // NB: the grid-stride loop's index may pass total by a grid's threads
+  // before it stops; 2^31 leaves that room in 32 bits.
+  if (total < (int64_t(1) << 31)) {
+    runWith<K, T, uint32_t>(a, total, period, stream);
   } else {
-    launch<K, T, 1>(a, 0, total, period, stream);
+    runWith<K, T, uint64_t>(a, total, period, stream);
   }
 }
 
