@@ -132,6 +132,7 @@ const std::unordered_set<c10::Symbol>& elementwiseKinds() {
       k.insert(c10::Symbol::aten(name));
     }
     k.insert(sym("torchfuse::custom_relu"));
+    k.insert(sym("torchfuse::custom_gate_mul"));
     return k;
   }();
   return kinds;

@@ -1,6 +1,7 @@
 // The module-level pipeline (docs/passes.md):
 //   clone (new types, shared tensors) -> inline free functions, guard
-//   loop-carried aliases -> Inline (forward, preserved methods) -> guard again
+//   loop-carried aliases -> Inline (forward, preserved methods) -> forward's
+//   dropouts that are their input removed -> guard again
 //   -> [freeze_module] -> ConstantPropagation -> [the frozen graph
 //   optimizations, where their BatchNorm folding keeps the meaning] -> fuseGraph (Canonicalize,
 //   then the registry's fusions in order, ReplaceRelu last)
@@ -334,8 +335,17 @@ torch::jit::Module optimize(
       }
     }
   }
+  // NB: forward's dropouts that are their input go before ConstantPropagation
+  // and freeze_module, whose dead-code elimination would take an in-place
+  // write through a train=False one for a write to a dead fresh tensor
+  // (RemoveZeroDropouts); fuseGraph takes those constant only after them.
+  int64_t early_dropouts = 0;
   for (const auto& g : inlined) {
     torch::jit::Inline(*g);
+    if (g == inlined.front()) {
+      auto forward = g;
+      early_dropouts = passes::RemoveZeroDropouts(forward);
+    }
     passes::removeLoopCarriedAliasGuards(g);
     passes::guardLoopCarriedAliases(g);
   }
@@ -364,6 +374,7 @@ torch::jit::Module optimize(
     passes::SharedSlotsScope shared(sharedSlots(result));
     counts = fuseGraph(graph, options.passes);
   }
+  counts.zero_dropouts_removed += early_dropouts;
   if (options.freeze) {
     // NB: after the fusions, whose custom_conv_add_act takes the residual
     // conv's bias into its own.

@@ -34,6 +34,13 @@ const std::vector<Fusion>& fusions() {
        {"torchfuse::custom_conv_act_max_pool"},
        &passes::FuseConvActMaxPool,
        true},
+      // NB: before conv_add_act, which would take the gate's activation into
+      // the excitation conv's epilogue and leave the broadcast multiply.
+      {"gate_mul",
+       "squeeze → conv → act → conv → sigmoid/hardsigmoid → mul (the SE gate)",
+       {"torchfuse::custom_gate_mul"},
+       &passes::FuseGateMul,
+       true},
       // NB: after the seed chains, so that each keeps its own: conv -> relu
       // -> add, and an add of a conv output into batch_norm -> add -> div.
       {"conv_add_act",

@@ -1,4 +1,5 @@
-// RemoveZeroDropouts: a dropout of constant probability 0 is its input.
+// RemoveZeroDropouts: a dropout of constant probability 0, or with a
+// constant train=False, is its input.
 //
 // ATen's dropout returns its input itself when p == 0 (train or not), so
 // eager and TorchScript's interpreter compute nothing for it.  TorchScript's
@@ -12,6 +13,11 @@
 // H100 and an H200).  Replacing the node by its input is eager's semantics
 // exactly (the output is the input, aliasing included) and removes the
 // kernel.
+// With train=False ATen returns the input itself too, while the schema
+// promises a fresh tensor: AliasDb then takes an in-place write through the
+// result (`F.relu6(F.dropout(x, 0.5, False), inplace=True)`, which writes x
+// in eager) for a write to a dead fresh tensor, and EliminateDeadCode drops
+// it.  Replaced by its input, the write is one to x, which stays.
 
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/ir/ir.h>
@@ -26,9 +32,9 @@ namespace {
 
 using torch::jit::Node;
 
-// The dropouts whose ATen implementation returns the input at p == 0
-// (at::native::_dropout_impl), in-place forms included (they return self
-// unchanged).
+// The dropouts whose ATen implementation returns the input at p == 0 or
+// train == false (at::native::_dropout_impl), in-place forms included (they
+// return self unchanged).
 bool isDropout(const Node* n) {
   return n->matches("aten::dropout(Tensor input, float p, bool train) -> Tensor") ||
       n->matches("aten::feature_dropout(Tensor input, float p, bool train) -> Tensor") ||
@@ -48,12 +54,19 @@ bool zeroProbability(const Node* n) {
   return p.has_value() && *p == 0.0;
 }
 
+// train is a constant false (a dropout called with training=False, or a
+// frozen graph's self.training).
+bool notTraining(const Node* n) {
+  const auto train = torch::jit::constant_as<bool>(n->input(2));
+  return train.has_value() && !*train;
+}
+
 } // namespace
 
 int64_t RemoveZeroDropouts(std::shared_ptr<torch::jit::Graph>& graph) {
   std::vector<Node*> zero;
   forEachNode(graph->block(), [&](Node* n) {
-    if (isDropout(n) && zeroProbability(n)) {
+    if (isDropout(n) && (zeroProbability(n) || notTraining(n))) {
       zero.push_back(n);
     }
   });

@@ -135,6 +135,16 @@ TORCHFUSE_API at::Tensor custom_relu(const at::Tensor& input);
 // 1, 1] (the squeeze of a squeeze-and-excitation block).
 TORCHFUSE_API at::Tensor custom_spatial_mean(const at::Tensor& input);
 
+// act(gate) * input (gate_first: the product in that order), act "sigmoid"
+// or "hardsigmoid": the gate of a squeeze-and-excitation block, gate [N, C,
+// 1, 1] broadcast over input's H and W (any broadcastable shapes are
+// accepted).
+TORCHFUSE_API at::Tensor custom_gate_mul(
+    const at::Tensor& input,
+    const at::Tensor& gate,
+    c10::string_view activation,
+    bool gate_first = false);
+
 // act(batch_norm(conv(input, weight, bias, ...), bn_weight, bn_bias,
 // running_mean, running_var, training, momentum, eps, cudnn_enabled)), the
 // conv as conv{1,2,3}d by weight's rank; activation as custom_conv_add_act's.

@@ -38,6 +38,9 @@ TORCHFUSE_API int64_t FuseConvReluAdd(std::shared_ptr<torch::jit::Graph>& graph)
 // conv{1,2,3}d -> [activation] -> max_pool2d
 //   =>  torchfuse::custom_conv_act_max_pool
 TORCHFUSE_API int64_t FuseConvActMaxPool(std::shared_ptr<torch::jit::Graph>& graph);
+// squeeze -> conv -> act -> conv -> sigmoid/hardsigmoid -> mul (the SE gate)
+//   =>  torchfuse::custom_gate_mul
+TORCHFUSE_API int64_t FuseGateMul(std::shared_ptr<torch::jit::Graph>& graph);
 // conv{1,2,3}d -> [add] -> [activation] (at least one of them)
 //   =>  torchfuse::custom_conv_add_act
 TORCHFUSE_API int64_t FuseConvAddAct(std::shared_ptr<torch::jit::Graph>& graph);

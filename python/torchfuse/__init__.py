@@ -156,7 +156,8 @@ def optimize(
 
 def fuse_graph(graph: torch._C.Graph, passes: Optional[Iterable[str]] = None) -> Dict[str, int]:
     """Runs the pipeline's graph stage on ``graph`` in place: the
-    canonicalization, the dropouts of constant probability 0 removed, the
+    canonicalization, the dropouts that are their input (constant probability
+    0, or a constant train=False) removed, the
     attention masks proven true everywhere dropped, then the fusions
     (``passes``, default those on by default) in the registry's order, then
     the in-place relus no fusion took restored.  Returns how many chains

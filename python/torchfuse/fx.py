@@ -94,6 +94,10 @@ _TORCH_TARGETS.update({
     torch.mul: ("mul", False, ["input", "other"], {}),
     operator.imul: ("mul", True, ["input", "other"], {}),
     _F.silu: ("silu", None, ["input", "inplace"], dict(inplace=False)),
+    _F.hardsigmoid: ("hardsigmoid", None, ["input", "inplace"], dict(inplace=False)),
+    _F.adaptive_avg_pool2d: ("adaptive_avg_pool", False, ["input", "output_size"], {}),
+    torch._C._nn.adaptive_avg_pool2d: ("adaptive_avg_pool", False, ["input", "output_size"], {}),
+    torch.mean: ("mean", False, ["input", "dim", "keepdim", "dtype"], dict(keepdim=False, dtype=None)),
     torch.max_pool2d: ("max_pool", False, _POOL[:-1], _POOL_DEFAULTS),
     _F.max_pool2d: ("max_pool", False, _POOL, _POOL_DEFAULTS),
     _F.layer_norm: ("layer_norm", False, _LN, _LN_DEFAULTS),
@@ -110,6 +114,7 @@ _METHOD_TARGETS = {
     "sigmoid": ("sigmoid", False, ["input"], {}),
     "mul": ("mul", False, ["input", "other"], {}),
     "mul_": ("mul", True, ["input", "other"], {}),
+    "mean": ("mean", False, ["input", "dim", "keepdim", "dtype"], dict(keepdim=False, dtype=None)),
 }
 # ATen overloads (torch.export): their schemas give the parameter names.
 _ATEN_TARGETS = {
@@ -131,6 +136,9 @@ _ATEN_TARGETS = {
     _aten.mul_.Tensor: ("mul", True),
     _aten.silu.default: ("silu", False),
     _aten.silu_.default: ("silu", True),
+    _aten.hardsigmoid.default: ("hardsigmoid", False),
+    _aten.adaptive_avg_pool2d.default: ("adaptive_avg_pool", False),
+    _aten.mean.dim: ("mean", False),
     _aten.max_pool2d.default: ("max_pool", False),
     _aten.layer_norm.default: ("layer_norm", False),
 }
@@ -145,8 +153,8 @@ class _Attr:
 
 
 def _module_call(node: torch.fx.Node, root) -> Optional[_Call]:
-    """call_module nodes of torch.fx.symbolic_trace: convolutions, linears
-    and activations.  NB: not BatchNorm modules: their mode and
+    """call_module nodes of torch.fx.symbolic_trace: convolutions, linears,
+    activations and adaptive average pools.  NB: not BatchNorm modules: their mode and
     num_batches_tracked update live in the module, not in the graph."""
     if root is None or not node.args:
         return None
@@ -170,6 +178,10 @@ def _module_call(node: torch.fx.Node, root) -> Optional[_Call]:
         return _Call("silu", mod.inplace, dict(input=x))
     if type(mod) is nn.Sigmoid:
         return _Call("sigmoid", False, dict(input=x))
+    if type(mod) is nn.Hardsigmoid:
+        return _Call("hardsigmoid", mod.inplace, dict(input=x))
+    if type(mod) is nn.AdaptiveAvgPool2d:
+        return _Call("adaptive_avg_pool", False, dict(input=x, output_size=mod.output_size))
     if type(mod) is nn.LayerNorm:
         w = _Attr(f"{t}.weight") if mod.weight is not None else None
         b = _Attr(f"{t}.bias") if mod.bias is not None else None
@@ -663,6 +675,68 @@ class _Rewriter:
         out.update(input=a["input"], weight=a["weight"], bias=a.get("bias"), groups=a["groups"])
         return out
 
+    # the gate of a squeeze-and-excitation block ----------------------------
+    # NB: as FuseGateMul: act(gate) * input with act sigmoid or hardsigmoid
+    # (isGateActivation: out of place), the mul out of place with the
+    # activated gate, read nowhere else, on either side (gate_first), and the
+    # gate computed from a spatial squeeze of the input it multiplies
+    # (gateSqueezesInput).
+    def gate_mul(self) -> int:
+        count = 0
+        for node in list(self.graph.nodes):
+            mul = self.call(node, "mul")
+            if mul is None or mul.inplace:
+                continue
+            a, b = mul.args["input"], mul.args["other"]
+            for gate_first, act_node, x in ((True, a, b), (False, b, a)):
+                act = self._gate_activation(act_node)
+                if act is None or not _single_use(act_node, node) or not _is_tensor_value(x):
+                    continue
+                kind, gate = act
+                if not self._squeezes(gate, x) or not _no_intervening_writes(act_node, node, {act_node, node},
+                                                                               [x, gate]):
+                    continue
+                self.replace(node, [act_node, node], _ops.custom_gate_mul.default, (x, gate, kind, gate_first))
+                count += 1
+                break
+        return count
+
+    def _gate_activation(self, v):
+        for kind in ("sigmoid", "hardsigmoid"):
+            c = self.call(v, kind)
+            if c is not None and not c.inplace and isinstance(c.args.get("input"), torch.fx.Node):
+                return kind, c.args["input"]
+        return None
+
+    def _squeezes(self, v, x) -> bool:
+        """gateSqueezesInput: v comes from adaptive_avg_pool2d(x, 1) or a
+        kept mean of x over dims 2 and 3, through at most 8 convolutions
+        and activations."""
+        for _ in range(8):
+            if not isinstance(v, torch.fx.Node):
+                return False
+            pool = self.call(v, "adaptive_avg_pool")
+            if pool is not None:
+                size = pool.args.get("output_size")
+                sizes = [size] if isinstance(size, int) else list(size) if isinstance(size, (list, tuple)) else []
+                return bool(sizes) and all(s == 1 for s in sizes) and pool.args["input"] is x
+            mean = self.call(v, "mean")
+            if mean is not None:
+                dims = mean.args.get("dim")
+                dims = sorted(dims) if isinstance(dims, (list, tuple)) else None
+                return (dims in ([2, 3], [-2, -1]) and mean.args.get("keepdim") is True
+                        and mean.args.get("dtype") is None and mean.args["input"] is x)
+            conv = self._conv(v)
+            if conv is not None:
+                v = conv["input"]
+                continue
+            act = next((c for c in (self.call(v, k) for k in ("relu", "silu", "sigmoid", "hardsigmoid"))
+                        if c is not None), None)
+            if act is None:
+                return False
+            v = act.args["input"]
+        return False
+
     # linear -> add -> relu -----------------------------------------------
     def linear_add_relu(self) -> int:
         count = 0
@@ -919,6 +993,7 @@ class _Rewriter:
 _PASSES: Dict[str, Callable[[_Rewriter], int]] = {
     "conv_relu_add": _Rewriter.conv_relu_add,
     "conv_act_max_pool": _Rewriter.conv_act_max_pool,
+    "gate_mul": _Rewriter.gate_mul,
     "conv_add_act": _Rewriter.conv_add_act,
     "conv_batch_norm_act": _Rewriter.conv_batch_norm_act,
     "linear_add_relu": _Rewriter.linear_add_relu,

@@ -202,7 +202,7 @@ def test_report_json_has_the_same_content(cli, tmp_path, linear_pt):
     assert report["freeze"] is True and report["device"] == "cpu"
     assert report["channels_last_weights"] == 0  # no 2-d convolution
     assert report["fused"] == {
-        "linear_add_relu": 1, "conv_relu_add": 0, "conv_act_max_pool": 0, "conv_add_act": 0,
+        "linear_add_relu": 1, "conv_relu_add": 0, "conv_act_max_pool": 0, "gate_mul": 0, "conv_add_act": 0,
         "conv_batch_norm_act": 0, "batch_norm_add_div_swish": 0, "linear_act": 0, "add_layer_norm": 0, "relu": 0,
     }
     assert report["nodes_before"] > report["nodes_after"] > 0

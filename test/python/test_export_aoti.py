@@ -72,7 +72,7 @@ def test_cli_rewrites_a_saved_program(tmp_path):
     out = tmp_path / "net.opt.pt2"
     assert export_cli.main([str(src), str(out), "--check-accuracy", "-q"]) == 0
     ep = torch.export.load(str(out))
-    assert tfx.report(ep) == {"conv_relu_add": 1, "conv_act_max_pool": 0, "conv_add_act": 0, "conv_batch_norm_act": 0,
+    assert tfx.report(ep) == {"conv_relu_add": 1, "conv_act_max_pool": 0, "gate_mul": 0, "conv_add_act": 0, "conv_batch_norm_act": 0,
                               "linear_add_relu": 1, "batch_norm_add_div_swish": 1, "linear_act": 0,
                               "add_layer_norm": 0, "relu": 0}
     x = torch.randn(2, 3, 8, 8)  # the exported (static) shape

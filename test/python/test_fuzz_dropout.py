@@ -1,5 +1,5 @@
 """The fuzzer's dropout vocabulary: the programs draw dropouts of probability
-0 (and the near-misses that stay), the checked programs keep their meaning
+0 or with train=False (and the near-misses that stay), the checked programs keep their meaning
 in training and eval, and RemoveZeroDropouts takes some."""
 
 import os

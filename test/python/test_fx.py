@@ -415,7 +415,7 @@ def test_inductor_backend_trains_and_infers_as_eager(dynamic):
             torch.testing.assert_close(b, dict(model.named_buffers())[name])
         model.zero_grad(set_to_none=True)
         opt.zero_grad(set_to_none=True)
-    assert seen == {"conv_relu_add": 2, "conv_act_max_pool": 0, "conv_add_act": 0, "conv_batch_norm_act": 0,
+    assert seen == {"conv_relu_add": 2, "conv_act_max_pool": 0, "gate_mul": 0, "conv_add_act": 0, "conv_batch_norm_act": 0,
                     "linear_add_relu": 2, "batch_norm_add_div_swish": 1, "linear_act": 0, "add_layer_norm": 0,
                     "relu": 0}
     model.eval()
@@ -441,7 +441,7 @@ def test_resnet18(path):
     counts = check_same(model, [x], path, train=True, passes=tfx.pass_names(), steps=1)
     blocks = [m for m in model.modules() if isinstance(m, torchvision.models.resnet.BasicBlock)]
     # one after the stem, one inside each block
-    assert counts == {"conv_relu_add": 0, "conv_act_max_pool": 0, "conv_add_act": 0, "conv_batch_norm_act": 0,
+    assert counts == {"conv_relu_add": 0, "conv_act_max_pool": 0, "gate_mul": 0, "conv_add_act": 0, "conv_batch_norm_act": 0,
                       "linear_add_relu": 0, "batch_norm_add_div_swish": 0, "linear_act": 0, "add_layer_norm": 0,
                       "relu": 1 + len(blocks)}, counts
 

@@ -306,6 +306,7 @@ OPCHECK_FILES = {
     "custom_conv_relu_add": "test_ops.py",
     "custom_conv_relu_add_backward": "test_ops.py",
     "custom_conv_relu_add_forward": "test_ops.py",
+    "custom_gate_mul": "test_gate_mul.py",
     "custom_linear_act": "test_linear_act.py",
     "custom_linear_add_relu": "test_ops.py",
     "custom_linear_add_relu_backward": "test_ops.py",

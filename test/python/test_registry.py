@@ -71,7 +71,7 @@ def test_reports_have_one_key_per_registry_entry():
     m = torch.jit.script(_LinearAddRelu())
     opt = torchfuse.optimize(m, passes=torchfuse.pass_names())
     counts = torchfuse.report(opt)
-    assert counts == {"conv_relu_add": 0, "conv_act_max_pool": 0, "conv_add_act": 0, "conv_batch_norm_act": 0,
+    assert counts == {"conv_relu_add": 0, "conv_act_max_pool": 0, "gate_mul": 0, "conv_add_act": 0, "conv_batch_norm_act": 0,
                       "linear_add_relu": 1, "batch_norm_add_div_swish": 0, "linear_act": 0, "add_layer_norm": 0,
                       "relu": 1}
     # the standalone relu removes no memory traffic: only when named

@@ -1,4 +1,5 @@
-"""RemoveZeroDropouts: a dropout of constant probability 0 becomes its input,
+"""RemoveZeroDropouts: a dropout of constant probability 0, or with a
+constant train=False, becomes its input,
 as ATen computes it (TorchScript's autodiff would run it as native_dropout,
 whose CUDA kernel drops the elements that draw exactly 1.0).  Each rule that
 keeps a dropout has a negative test here; the rewritten graphs compute what
@@ -93,13 +94,60 @@ def test_the_output_aliases_the_input_as_in_eager():
     torch.testing.assert_close(got_in, want_in, rtol=0, atol=0)
 
 
+def half_dropout_train(x):
+    return torch.dropout(x, 0.5, True) * 2
+
+
+def test_zero_probability_negative_a_nonzero_probability_in_training_stays():
+    graph, report, _ = fused(half_dropout_train)
+    assert report["zero_dropouts_removed"] == 0 and dropouts(graph) == 1
+
+
 def half_dropout_eval(x):
     return torch.dropout(x, 0.5, False) * 2
 
 
-def test_zero_probability_negative_a_nonzero_probability_stays():
-    graph, report, _ = fused(half_dropout_eval)
-    assert report["zero_dropouts_removed"] == 0 and dropouts(graph) == 1
+def test_a_dropout_not_in_training_is_its_input():
+    graph, report, rewritten = fused(half_dropout_eval)
+    assert report["zero_dropouts_removed"] == 1 and dropouts(graph) == 0, graph
+    x = signed(3, 4)
+    torch.testing.assert_close(rewritten(x), half_dropout_eval(x), rtol=0, atol=0)
+
+
+class _WritesThroughEvalDropout(nn.Module):
+    """ATen's dropout with train=False returns x itself, so the in-place
+    relu6 writes x; the schema promises a fresh tensor, and a dead write to
+    one would be dropped.  Found by the fuzzer (seed 0, program 173)."""
+
+    def forward(self, x):
+        y = F.relu(x * 2.0)
+        F.relu6(F.dropout(x, 0.5, False), inplace=True)
+        return y
+
+
+def test_an_in_place_write_through_an_eval_dropout_reaches_the_input():
+    m = torch.jit.script(_WritesThroughEvalDropout())
+    opt = torchfuse.optimize(m, passes=["relu"])
+    assert torchfuse.report(opt)["relu"] == 1 and dropouts(opt.graph) == 0
+    want_in, got_in = signed(2, 3, 4, 4), signed(2, 3, 4, 4)
+    want = _WritesThroughEvalDropout()(want_in)
+    got = opt(got_in)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(got_in, want_in, rtol=0, atol=0)
+    assert not torch.equal(got_in, signed(2, 3, 4, 4))
+
+
+class _RuntimeTraining(nn.Module):
+    def forward(self, x):
+        return F.dropout(x, 0.5, self.training) * 2
+
+
+def test_not_training_negative_a_train_flag_read_at_run_time_stays():
+    m = torch.jit.script(_RuntimeTraining().eval())
+    graph = m.graph.copy()
+    torch._C._jit_pass_inline(graph)
+    report = torchfuse.fuse_graph(graph)
+    assert report["zero_dropouts_removed"] == 0 and dropouts(graph) == 1, graph
 
 
 class _AttributeRate(nn.Module):

@@ -540,13 +540,56 @@ class Generator:
 
         return self.chain(build, pred=lambda v: len(v.shape) == 3)
 
+    def chain_gate(self) -> Optional[Var]:
+        """gate_mul's forms: a squeeze-and-excitation block on a 4-D tensor,
+        squeeze (adaptive_avg_pool2d to 1, or timm's mean over H and W) ->
+        1x1 conv -> act -> 1x1 conv -> sigmoid / hardsigmoid -> mul with the
+        squeezed tensor, the gate on either side; near-misses: a mean over W
+        alone, a tanh gate, an in-place sigmoid_, the activated gate read
+        again, a gate multiplying another tensor or its own input (swish)."""
+        def build(x):
+            n, c, h, w = x.shape
+            r = 0.0 if self.clean else self.rng.random()
+            if r < 0.05:
+                s = self.define(f"{x.name}.mean(3, keepdim=True)", (n, c, h, 1), [x])
+            elif self.chance(0.7):
+                s = self.define(f"F.adaptive_avg_pool2d({x.name}, 1)", (n, c, 1, 1), [x])
+            else:
+                s = self.define(f"{x.name}.mean((2, 3), keepdim=True)", (n, c, 1, 1), [x])
+            mid = self.pick([2, 4])
+            w1, b1 = self.param((mid, c, 1, 1)), self.param((mid,))
+            w2, b2 = self.param((c, mid, 1, 1)), self.param((c,))
+            t = self.define(f"F.conv2d({s.name}, {w1}, {b1})", (n, mid) + s.shape[2:])
+            t = self.define(self.pick([f"F.silu({t.name})", f"torch.relu({t.name})"]), t.shape, [t])
+            e = self.define(f"F.conv2d({t.name}, {w2}, {b2})", s.shape)
+            if 0.05 <= r < 0.1:
+                g = self.define(f"torch.tanh({e.name})", e.shape, [e])
+            elif 0.1 <= r < 0.15:
+                self.emit(f"{e.name}.sigmoid_()")
+                g = e
+            else:
+                g = self.define(self.pick([f"torch.sigmoid({e.name})", f"F.hardsigmoid({e.name})"]), e.shape, [e])
+            if 0.15 <= r < 0.2:
+                self.must_return.append(g.name)
+            target = x
+            others = [v for v in self.scope if v.shape == x.shape and v.name != x.name]
+            if 0.2 <= r < 0.25 and others:
+                target = self.pick(others)
+            elif 0.25 <= r < 0.28:
+                target = e
+            expr = f"{g.name} * {target.name}" if self.chance(0.5) else f"{target.name} * {g.name}"
+            return self.define(expr, target.shape, [target], target.contiguous)
+
+        return self.chain(build, pred=lambda v: len(v.shape) == 4)
+
     def chain_dropout(self) -> Optional[Var]:
         """RemoveZeroDropouts' forms: dropouts of probability 0 (in training,
         in self.training's mode, in place, the feature and alpha kinds),
         mostly after a linear and before an activation, whose chain they
-        hide until removed; near-misses that stay: a nonzero probability in
-        eval (an identity; a nonzero one in training would draw random
-        numbers), a probability read from a float attribute."""
+        hide until removed, and a nonzero probability with train=False (an
+        identity, removed too); the near-miss that stays: a probability read
+        from a float attribute (a nonzero one in training would draw random
+        numbers)."""
         def build(x):
             y = self.linear(x) if self.chance(0.6) else x
             r = self.rng.random()
@@ -893,10 +936,11 @@ class Generator:
 # Program features beyond the forward that `rng` draws; each comes from its
 # own random stream, so a program drawn without them is the one drawn
 # before they existed.
-FEATURES = ["tied", "exported", "attention", "dropout"]
+FEATURES = ["tied", "exported", "attention", "dropout", "gate"]
 EXPORT_PROBABILITY = 0.25
 ATTENTION_PROBABILITY = 0.3  # of an attention chain after forward's statements
 DROPOUT_PROBABILITY = 0.3  # of a dropout chain after forward's statements
+GATE_PROBABILITY = 0.3  # of a squeeze-and-excitation gate after forward's statements
 
 
 def generate(seed: int, index: int, features: Sequence[str] = tuple(FEATURES)) -> Program:
@@ -929,6 +973,11 @@ def generate(seed: int, index: int, features: Sequence[str] = tuple(FEATURES)) -
     if "dropout" in features and drng.random() < DROPOUT_PROBABILITY:
         g.rng, main = drng, g.rng
         g.chain_dropout()
+        g.rng = main
+    grng = random.Random(f"{seed}:{index}:gate")
+    if "gate" in features and grng.random() < GATE_PROBABILITY:
+        g.rng, main = grng, g.rng
+        g.chain_gate()
         g.rng = main
     visible = [v.name for v in g.scope]
     returns = [visible[-1]] + [rng.choice(visible) for _ in range(rng.choice([0, 0, 1, 2]))]

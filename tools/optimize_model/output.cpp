@@ -381,7 +381,7 @@ std::string formatText(const RunReport& r) {
   }
   o << "  nodes: " << r.fusion.nodes_before << " -> " << r.fusion.nodes_after << "\n";
   if (r.fusion.zero_dropouts_removed > 0) {
-    o << "  dropouts of probability 0 removed: " << r.fusion.zero_dropouts_removed << "\n";
+    o << "  dropouts removed as their input: " << r.fusion.zero_dropouts_removed << "\n";
   }
   if (r.fusion.attention_masks_dropped > 0) {
     o << "  attention masks proven true everywhere, dropped: " << r.fusion.attention_masks_dropped
