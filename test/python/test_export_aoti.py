@@ -85,7 +85,7 @@ def test_cli_passes_select_the_fusions(tmp_path, capsys):
     src = saved_program(tmp_path)
     out = tmp_path / "net.opt.pt2"
     assert export_cli.main([str(src), str(out), "--passes", "linear_add_relu"]) == 0
-    assert "fused: conv_relu_add=0, linear_add_relu=1, batch_norm_add_div_swish=0, conv_act_max_pool=0, conv_add_act=0, conv_batch_norm_act=0, linear_act=0, add_layer_norm=0, relu=0" in capsys.readouterr().out
+    assert "fused: conv_relu_add=0, linear_add_relu=1, batch_norm_add_div_swish=0, conv_act_max_pool=0, gate_mul=0, conv_add_act=0, conv_batch_norm_act=0, linear_act=0, add_layer_norm=0, relu=0" in capsys.readouterr().out
 
 
 @pytest.mark.filterwarnings(LOAD_WARNING)

@@ -53,6 +53,20 @@ def samples(device="cpu", dtype=torch.float32):
     ]
 
 
+def kernel_takes(x, gate):
+    """The CUDA kernel's domain (gateMulHandles)."""
+    if x.dim() != 4 or gate.dim() != 4 or x.dtype != gate.dtype:
+        return False
+    if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return False
+    n, c, h, w = x.shape
+    if min(c, h, w) < 2 or gate.shape[0] not in (1, n) or tuple(gate.shape[1:]) != (c, 1, 1):
+        return False
+    if gate.shape[0] > 1 and gate.stride(1) > gate.stride(0):
+        return False
+    return x.stride() in ((c * h * w, h * w, w, 1), (h * w * c, 1, w * c, c))
+
+
 @pytest.mark.parametrize("activation", list(ACTS))
 @pytest.mark.parametrize("gate_first", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
@@ -347,12 +361,19 @@ def test_cuda_nan_and_inf_as_eager():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
 def test_cuda_other_inputs_are_the_original(dtype):
+    # NB: the inputs the kernel takes may differ from ATen's by a rounding:
+    # test_cuda_kernel_against_float64 covers them.
+    taken = 0
     for x, gate in samples(device="cuda", dtype=dtype):
+        if kernel_takes(x, gate):
+            taken += 1
+            continue
         for activation in ACTS:
             want = original(x, gate, activation, True)
             got = OP(x, gate, activation, True)
             assert got.stride() == want.stride() and got.dtype == want.dtype
             torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert taken == (0 if dtype == torch.float64 else 4)
 
 
 @pytest.mark.cuda
