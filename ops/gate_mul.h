@@ -32,7 +32,6 @@ at::Tensor gateMulReference(
 // or dense nhwc strides and no dimension of size 1 but the batch (where
 // TensorIterator's output layout is input's); gate [N or 1, C, 1, 1] of
 // input's N and C, its channels inner to its images.  Never throws.
-// (The CUDA kernel also takes at most kernels::kGateMulMaxChannels.)
 bool gateMulHandles(const at::Tensor& input, const at::Tensor& gate);
 
 } // namespace torchfuse::ops

@@ -27,17 +27,11 @@ struct GateMulArgs {
   Activation act;
   int64_t n, c, s;
   int64_t gate_image_stride, gate_channel_stride;
-  int sms; // the device's multiprocessors: the grid's size
 };
-
-// The most channels the pass takes: a block stages its image's activated
-// gate, c floats, in shared memory.
-constexpr int64_t kGateMulMaxChannels = 8192;
 
 // 16-byte loads and stores where x and out are 16-byte aligned and no
 // vector spans two images, else scalar ones.  The gate's activation is
-// sigmoid or hardsigmoid and c at most kGateMulMaxChannels; false,
-// launching nothing, for anything else.
+// sigmoid or hardsigmoid; false, launching nothing, for any other.
 template <typename T>
 bool gateMul(const GateMulArgs<T>& a, bool channels_last, cudaStream_t stream);
 

@@ -17,7 +17,7 @@ at::Tensor gateMulCuda(
     const at::Tensor& gate,
     c10::string_view activation,
     bool gate_first) {
-  if (!gateMulHandles(input, gate) || input.size(1) > kernels::kGateMulMaxChannels) {
+  if (!gateMulHandles(input, gate)) {
     return gateMulReference(input, gate, activation, gate_first);
   }
   const auto act = parseGateActivation(activation);
@@ -37,8 +37,7 @@ at::Tensor gateMulCuda(
         c,
         input.size(2) * input.size(3),
         gate.size(0) == 1 ? 0 : gate.stride(0),
-        gate.stride(1),
-        at::cuda::getCurrentDeviceProperties()->multiProcessorCount};
+        gate.stride(1)};
     launched = kernels::gateMul(args, channels_last, stream);
   });
   TORCH_INTERNAL_ASSERT(launched, "torchfuse::custom_gate_mul: no kernel for '", activation, "'");
