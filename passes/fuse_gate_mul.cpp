@@ -23,6 +23,8 @@
 #include <torch/csrc/jit/jit_log.h>
 
 #include <algorithm>
+#include <optional>
+#include <vector>
 
 #include "passes/chain_matcher.h"
 #include "torchfuse/passes.h"
@@ -36,14 +38,36 @@ bool isGateActivation(const Node* n) {
   return isSigmoid(n) || (hasSchema(n, "aten::hardsigmoid", "") && isTensor(n->input(0)));
 }
 
-bool allOnes(const Value* v) {
-  const auto iv = torch::jit::toIValue(v);
-  if (!iv || !iv->isIntList()) {
-    return iv && iv->isInt() && iv->toInt() == 1;
+// A constant int, or a list of constant ints (a list constant, or a
+// prim::ListConstruct of constants that ConstantPropagation has not folded).
+std::optional<std::vector<int64_t>> constantInts(const Value* v) {
+  if (const auto iv = torch::jit::toIValue(v)) {
+    if (iv->isInt()) {
+      return std::vector<int64_t>{iv->toInt()};
+    }
+    if (iv->isIntList()) {
+      return iv->toIntVector();
+    }
+    return std::nullopt;
   }
-  const auto sizes = iv->toIntVector();
-  return !sizes.empty() &&
-      std::all_of(sizes.begin(), sizes.end(), [](int64_t s) { return s == 1; });
+  if (v->node()->kind() != c10::prim::ListConstruct) {
+    return std::nullopt;
+  }
+  std::vector<int64_t> out;
+  for (const Value* e : v->node()->inputs()) {
+    const auto iv = torch::jit::toIValue(e);
+    if (!iv || !iv->isInt()) {
+      return std::nullopt;
+    }
+    out.push_back(iv->toInt());
+  }
+  return out;
+}
+
+bool allOnes(const Value* v) {
+  const auto sizes = constantInts(v);
+  return sizes && !sizes->empty() &&
+      std::all_of(sizes->begin(), sizes->end(), [](int64_t s) { return s == 1; });
 }
 
 // mean over the last two dims of a 4-D tensor, kept: timm's squeeze.
@@ -51,15 +75,14 @@ bool isSpatialMean(const Node* n) {
   if (!hasSchema(n, "aten::mean", "dim") || !isTensor(n->input(0))) {
     return false;
   }
-  const auto dims = torch::jit::toIValue(n->input(1));
+  auto d = constantInts(n->input(1));
   const auto keep = constantBool(n->input(2));
   const auto dtype = torch::jit::toIValue(n->input(3));
-  if (!dims || !dims->isIntList() || !keep || !*keep || !dtype || !dtype->isNone()) {
+  if (!d || !keep || !*keep || !dtype || !dtype->isNone()) {
     return false;
   }
-  auto d = dims->toIntVector();
-  std::sort(d.begin(), d.end());
-  return d == std::vector<int64_t>{2, 3} || d == std::vector<int64_t>{-2, -1};
+  std::sort(d->begin(), d->end());
+  return *d == std::vector<int64_t>{2, 3} || *d == std::vector<int64_t>{-2, -1};
 }
 
 // adaptive_avg_pool2d(x, 1) (torchvision's squeeze) or the mean above.
