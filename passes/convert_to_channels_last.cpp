@@ -99,20 +99,6 @@ bool isLayoutNeutralConstant(const Value* v) {
   return std::count_if(sizes.begin(), sizes.end(), [](int64_t s) { return s > 1; }) <= 1;
 }
 
-std::optional<std::vector<int64_t>> constantInts(const Value* v) {
-  const auto iv = torch::jit::toIValue(v);
-  if (!iv) {
-    return std::nullopt;
-  }
-  if (iv->isIntList()) {
-    return iv->toIntVector();
-  }
-  if (iv->isInt()) {
-    return std::vector<int64_t>{iv->toInt()};
-  }
-  return std::nullopt;
-}
-
 // Ops that give the same values for any input strides and, with contiguous
 // inputs, return canonical contiguous strides.  The first input is the one
 // an in-place form writes.

@@ -19,6 +19,7 @@
 // gate's activation into the last excitation conv's epilogue and leave the
 // broadcast multiply to ATen.
 
+#include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/jit_log.h>
 
@@ -38,34 +39,28 @@ bool isGateActivation(const Node* n) {
   return isSigmoid(n) || (hasSchema(n, "aten::hardsigmoid", "") && isTensor(n->input(0)));
 }
 
-// A constant int, or a list of constant ints (a list constant, or a
-// prim::ListConstruct of constants that ConstantPropagation has not folded).
-std::optional<std::vector<int64_t>> constantInts(const Value* v) {
-  if (const auto iv = torch::jit::toIValue(v)) {
-    if (iv->isInt()) {
-      return std::vector<int64_t>{iv->toInt()};
-    }
-    if (iv->isIntList()) {
-      return iv->toIntVector();
-    }
-    return std::nullopt;
+// constantInts, or a prim::ListConstruct of constant ints (a graph
+// ConstantPropagation has not folded).
+std::optional<std::vector<int64_t>> intsOf(const Value* v) {
+  if (auto ints = constantInts(v)) {
+    return ints;
   }
   if (v->node()->kind() != c10::prim::ListConstruct) {
     return std::nullopt;
   }
   std::vector<int64_t> out;
   for (const Value* e : v->node()->inputs()) {
-    const auto iv = torch::jit::toIValue(e);
-    if (!iv || !iv->isInt()) {
+    const auto i = torch::jit::constant_as<int64_t>(e);
+    if (!i) {
       return std::nullopt;
     }
-    out.push_back(iv->toInt());
+    out.push_back(*i);
   }
   return out;
 }
 
 bool allOnes(const Value* v) {
-  const auto sizes = constantInts(v);
+  const auto sizes = intsOf(v);
   return sizes && !sizes->empty() &&
       std::all_of(sizes->begin(), sizes->end(), [](int64_t s) { return s == 1; });
 }
@@ -75,7 +70,7 @@ bool isSpatialMean(const Node* n) {
   if (!hasSchema(n, "aten::mean", "dim") || !isTensor(n->input(0))) {
     return false;
   }
-  auto d = constantInts(n->input(1));
+  auto d = intsOf(n->input(1));
   const auto keep = constantBool(n->input(2));
   const auto dtype = torch::jit::toIValue(n->input(3));
   if (!d || !keep || !*keep || !dtype || !dtype->isNone()) {

@@ -267,6 +267,20 @@ std::optional<bool> constantBool(const Value* v) {
   return std::nullopt;
 }
 
+std::optional<std::vector<int64_t>> constantInts(const Value* v) {
+  const auto iv = torch::jit::toIValue(v);
+  if (!iv) {
+    return std::nullopt;
+  }
+  if (iv->isIntList()) {
+    return iv->toIntVector();
+  }
+  if (iv->isInt()) {
+    return std::vector<int64_t>{iv->toInt()};
+  }
+  return std::nullopt;
+}
+
 bool hasSingleUse(const Value* v, const Node* user) {
   return v->uses().size() == 1 && v->uses()[0].user == user;
 }

@@ -101,6 +101,8 @@ bool alphaIsOne(const Value* alpha);
 bool divisorIsNonZero(const Value* divisor);
 // Constant bool, if the value is one.
 std::optional<bool> constantBool(const Value* v);
+// A constant int or int list, as a list, if the value is one.
+std::optional<std::vector<int64_t>> constantInts(const Value* v);
 // The defined tensor a constant holds (a frozen graph's parameters).
 std::optional<at::Tensor> constantTensor(const Value* v);
 

@@ -54,4 +54,17 @@ struct ChannelMap {
   }
 };
 
+// Calls f(Index{}) with the index type of a streaming pass over `total`
+// elements: uint32_t (the dividers' multiply-shift) below 2^31, which leaves
+// the grid-stride loop room to pass total by a grid's threads before it
+// stops; else uint64_t.
+template <typename F>
+void withIndexType(int64_t total, F&& f) {
+  if (total < (int64_t(1) << 31)) {
+    f(uint32_t{});
+  } else {
+    f(uint64_t{});
+  }
+}
+
 } // namespace torchfuse::kernels

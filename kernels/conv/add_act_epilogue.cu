@@ -20,8 +20,7 @@ namespace torchfuse::kernels {
 namespace {
 
 // Vectors of N elements from element `first` on; `vectors` of them.
-// Index: uint32_t where every element index is below 2^31 (the dividers'
-// multiply-shift), else uint64_t.
+// Index: withIndexType's.
 template <ActivationKind K, typename T, int N, typename Index>
 __global__ void __launch_bounds__(kThreads) epilogueKernel(
     T* out,
@@ -108,13 +107,8 @@ template <ActivationKind K, typename T>
 void run(const ConvAddActEpilogueArgs<T>& a, bool channels_last, cudaStream_t stream) {
   const int64_t total = a.n * a.c * a.s;
   const int64_t period = channels_last ? 1 : a.s;
-  // NB: the grid-stride loop's index may pass total by a grid's threads
-  // before it stops; 2^31 leaves that room in 32 bits.
-  if (total < (int64_t(1) << 31)) {
-    runWith<K, T, uint32_t>(a, total, period, stream);
-  } else {
-    runWith<K, T, uint64_t>(a, total, period, stream);
-  }
+  withIndexType(
+      total, [&](auto index) { runWith<K, T, decltype(index)>(a, total, period, stream); });
 }
 
 } // namespace

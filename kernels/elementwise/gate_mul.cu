@@ -86,16 +86,10 @@ bool gateMul(const GateMulArgs<T>& a, bool channels_last, cudaStream_t stream) {
     constexpr Kind K = decltype(kind)::value;
     const int64_t total = a.n * a.c * a.s;
     const int64_t run = channels_last ? 1 : a.s;
-    // NB: the grid-stride loop's index may pass total by a grid's threads
-    // before it stops; 2^31 leaves that room in 32 bits.
     if (total == 0) {
       return;
     }
-    if (total < (int64_t(1) << 31)) {
-      runWith<K, T, uint32_t>(a, run, stream);
-    } else {
-      runWith<K, T, uint64_t>(a, run, stream);
-    }
+    withIndexType(total, [&](auto index) { runWith<K, T, decltype(index)>(a, run, stream); });
   };
   switch (a.act.kind) {
     case Kind::kSigmoid:
