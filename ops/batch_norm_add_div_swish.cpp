@@ -304,6 +304,14 @@ at::ScalarType batchNormBackwardType(at::ScalarType input, at::ScalarType grad_o
   return c10::promoteTypes(base, grad_output);
 }
 
+BatchNormParamGradTypes batchNormParamGradTypes(const BatchNormAddDivSwishBackwardArgs& a) {
+  const auto ct = batchNormBackwardType(a.input.scalar_type(), a.grad_output.scalar_type());
+  const auto of = [&](const std::optional<at::Tensor>& t) {
+    return t.has_value() && t->defined() ? t->scalar_type() : ct;
+  };
+  return {of(a.weight), of(a.bias), a.other.scalar_type()};
+}
+
 at::Tensor batchNormAddDivSwishTrain(const BatchNormAddDivSwishArgs& a) {
   return custom_batch_norm_add_div_swish(
       a.input, a.weight, a.bias, written(a.running_mean), written(a.running_var), a.training,

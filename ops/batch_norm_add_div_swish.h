@@ -166,10 +166,20 @@ at::Tensor batchNormAddDivSwishReference(const BatchNormAddDivSwishArgs& a);
 // The dtype of the saved statistics.
 at::ScalarType batchNormOpmathType(at::ScalarType input);
 
-// The dtype of the backward's sums and of its grad_weight, grad_bias and
-// grad_other outputs: float32 for 16-bit inputs, float64 otherwise, promoted
-// with grad_output's dtype.
+// The dtype of the backward's sums: float32 for 16-bit inputs, float64
+// otherwise, promoted with grad_output's dtype.
 at::ScalarType batchNormBackwardType(at::ScalarType input, at::ScalarType grad_output);
+
+// The dtypes of the backward's grad_weight, grad_bias and grad_other: those
+// of weight, bias and other, so that the sums are rounded once there and the
+// autograd engine has no cast left to launch; batchNormBackwardType where
+// weight or bias is absent.
+struct BatchNormParamGradTypes {
+  at::ScalarType weight;
+  at::ScalarType bias;
+  at::ScalarType other;
+};
+BatchNormParamGradTypes batchNormParamGradTypes(const BatchNormAddDivSwishBackwardArgs& a);
 
 // Reference kernels (ops/cpu/): ATen compositions that run on any device.
 at::Tensor batchNormAddDivSwishComposite(const BatchNormAddDivSwishArgs& a);

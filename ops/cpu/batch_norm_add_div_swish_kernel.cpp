@@ -103,14 +103,15 @@ BatchNormAddDivSwishGrads batchNormAddDivSwishBackwardComposite(
     }
     grad_input = grad_input.to(input.scalar_type());
   }
+  const auto types = batchNormParamGradTypes(a);
   if (output_mask[1]) {
-    grad_weight = sum_g_xhat;
+    grad_weight = sum_g_xhat.to(types.weight);
   }
   if (output_mask[2]) {
-    grad_bias = sum_g;
+    grad_bias = sum_g.to(types.bias);
   }
   if (output_mask[3]) {
-    grad_other = grad_sum.sum_to_size_symint(other.sym_sizes());
+    grad_other = grad_sum.sum_to_size_symint(other.sym_sizes()).to(types.other);
   }
   return {grad_input, grad_weight, grad_bias, grad_other};
 }

@@ -256,8 +256,8 @@ BatchNormAddDivSwishGrads batchNormAddDivSwishBackwardCuda(
   // NB: with grad_output in the input's dtype the composite computes in
   // batchNormBackwardType: float64 for float32 inputs, float32 for 16-bit
   // ones.  The kernels' sums are float64, their per-element terms float64
-  // for float32 inputs and float32 for 16-bit ones, and their parameter
-  // gradients take that type, as the composite's.
+  // for float32 inputs and float32 for 16-bit ones; the parameter gradients
+  // are rounded once to batchNormParamGradTypes, as the composite's.
   const auto shape = kernelShape(input);
   if (!shape || !grad_output.defined() ||
       grad_output.scalar_type() != input.scalar_type() ||
@@ -280,22 +280,21 @@ BatchNormAddDivSwishGrads batchNormAddDivSwishBackwardCuda(
   const auto g = grad_output.strides() == input.strides()
       ? grad_output
       : at::empty_like(input).copy_(grad_output);
-  const auto ct = input.options().dtype(
-      batchNormBackwardType(input.scalar_type(), grad_output.scalar_type()));
+  const auto types = batchNormParamGradTypes(a);
   const k::BnAffine affine{*w, *b, *s, *d};
   at::Tensor grad_input, grad_weight, grad_bias, grad_other;
   if (a.output_mask[0]) {
     grad_input = at::empty_like(input);
   }
   if (a.output_mask[1]) {
-    grad_weight = at::empty({shape->c}, ct);
+    grad_weight = at::empty({shape->c}, input.options().dtype(types.weight));
   }
   if (a.output_mask[2]) {
-    grad_bias = at::empty({shape->c}, ct);
+    grad_bias = at::empty({shape->c}, input.options().dtype(types.bias));
   }
   if (a.output_mask[3]) {
     // One value, or C contiguous values along other's channel dimension.
-    grad_other = at::empty(a.other.sizes(), ct);
+    grad_other = at::empty(a.other.sizes(), input.options().dtype(types.other));
   }
   const auto mut = [](const at::Tensor& t) {
     return t.defined() ? mutRef(t) : k::BnChannelMut{};

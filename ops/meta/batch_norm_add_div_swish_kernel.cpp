@@ -41,13 +41,16 @@ BatchNormAddDivSwishStats batchNormAddDivSwishForwardMeta(const BatchNormAddDivS
 
 BatchNormAddDivSwishGrads batchNormAddDivSwishBackwardMeta(
     const BatchNormAddDivSwishBackwardArgs& a) {
-  const auto ct = batchNormBackwardType(a.input.scalar_type(), a.grad_output.scalar_type());
-  const auto channel = at::empty_symint({a.input.sym_size(1)}, a.input.options().dtype(ct));
+  const auto types = batchNormParamGradTypes(a);
+  const auto channel = [&](at::ScalarType dtype) {
+    return at::empty_symint({a.input.sym_size(1)}, a.input.options().dtype(dtype));
+  };
   const auto& mask = a.output_mask;
   return {
-      mask[0] ? at::empty_like(a.input) : at::Tensor(), mask[1] ? channel : at::Tensor(),
-      mask[2] ? at::empty_like(channel) : at::Tensor(),
-      mask[3] ? at::empty_symint(a.other.sym_sizes(), a.input.options().dtype(ct)) : at::Tensor()};
+      mask[0] ? at::empty_like(a.input) : at::Tensor(),
+      mask[1] ? channel(types.weight) : at::Tensor(), mask[2] ? channel(types.bias) : at::Tensor(),
+      mask[3] ? at::empty_symint(a.other.sym_sizes(), a.input.options().dtype(types.other))
+              : at::Tensor()};
 }
 
 } // namespace

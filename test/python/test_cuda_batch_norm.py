@@ -491,9 +491,9 @@ MASKS = {
 def test_backward_op_contract(layout, dtype, training, mask, gen):
     """custom_batch_norm_add_div_swish_backward called directly: (grad_input,
     grad_weight, grad_bias, grad_other) with None where output_mask is false,
-    grad_input in the input's dtype and shape, the others float64 for float32
-    inputs and float32 for 16-bit ones (batchNormBackwardType), grad_other of
-    other's shape; values against the float64 CPU op given the same
+    grad_input in the input's dtype and shape, the others in the dtypes of
+    weight, bias and other (batchNormParamGradTypes), grad_other of other's
+    shape; values against the float64 CPU op given the same
     statistics, with eager autograd's error as the bound.  grad_output is
     contiguous whatever the input's memory order."""
     lay = LAYOUTS[layout]
@@ -530,16 +530,17 @@ def test_backward_op_contract(layout, dtype, training, mask, gen):
     torch.cuda.synchronize()
     r = ops.custom_batch_norm_add_div_swish_backward(*args(torch.float64, "cpu", gy))
     what = f"{layout} {dtype} training={training} mask={mask} [seed {SEED}]"
-    ct = torch.float64 if dtype == torch.float32 else torch.float32
     names = ("grad_input", "grad_weight", "grad_bias", "grad_other")
+    ct = torch.float64 if dtype == torch.float32 else torch.float32  # the sums'
+    dtypes = (dtype, ct if w is None else w.dtype, ct if b is None else b.dtype, other.dtype)
     eager_grads = (xe.grad, we.grad, be.grad, oe.grad)
     shapes = (lay.shape, (lay.shape[1],), (lay.shape[1],), tuple(other.shape))
-    for got, want, ref, on, name, shp in zip(got_all, eager_grads, r, mask, names, shapes):
+    for got, want, ref, on, name, shp, dt in zip(got_all, eager_grads, r, mask, names, shapes, dtypes):
         if not on:
             assert got is None, f"{what}: {name} should be None"
             continue
         assert got is not None, f"{what}: {name} missing"
-        assert got.dtype == (dtype if name == "grad_input" else ct), f"{what}: {name} dtype {got.dtype}"
+        assert got.dtype == dt, f"{what}: {name} dtype {got.dtype}, expected {dt}"
         assert tuple(got.shape) == shp, f"{what}: {name} shape {tuple(got.shape)}"
         check(got.float(), want.float(), ref.cuda().float(), what=f"{what}: {name}", dtype=dtype)
 
