@@ -20,20 +20,24 @@ __device__ __forceinline__ float minKeepNan(float x, float y) {
   return y < x ? y : x;
 }
 
-template <ActivationKind K>
+// Approx: for results rounded to a 16-bit type.  silu and sigmoid then take
+// __expf and __fdividef, whose few float ulps lie far below the result's
+// rounding (2^-11 or 2^-8) and which keep NaN, +-inf and the saturated ends
+// as expf and the IEEE division do; those two make a pass compute-bound.
+template <ActivationKind K, bool Approx = false>
 __device__ __forceinline__ float activate(float x, float a, float b) {
   if constexpr (K == ActivationKind::kRelu) {
     return x <= 0.f ? 0.f : x;
   } else if constexpr (K == ActivationKind::kHardtanh) {
     return minKeepNan(maxKeepNan(x, a), b); // clamp(x, a, b), as ATen's hardtanh
   } else if constexpr (K == ActivationKind::kSilu) {
-    return x / (1.f + expf(-x));
+    return Approx ? __fdividef(x, 1.f + __expf(-x)) : x / (1.f + expf(-x));
   } else if constexpr (K == ActivationKind::kHardswish) {
     return x * minKeepNan(maxKeepNan(x + 3.f, 0.f), 6.f) / 6.f;
   } else if constexpr (K == ActivationKind::kHardsigmoid) {
     return minKeepNan(maxKeepNan(x + 3.f, 0.f), 6.f) / 6.f;
   } else if constexpr (K == ActivationKind::kSigmoid) {
-    return 1.f / (1.f + expf(-x));
+    return Approx ? __fdividef(1.f, 1.f + __expf(-x)) : 1.f / (1.f + expf(-x));
   } else if constexpr (K == ActivationKind::kGelu) {
     return x * 0.5f * (1.f + erff(x * 0.70710678118654752440f));
   } else if constexpr (K == ActivationKind::kGeluTanh) {

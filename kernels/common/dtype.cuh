@@ -34,6 +34,13 @@ __device__ __forceinline__ __nv_bfloat16 fromFloat<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
+// Whether results of T round away far more than float's last bits: the
+// activations may then take their approximate forms (activation.cuh).
+template <typename T>
+constexpr bool isSixteenBit() {
+  return sizeof(T) == 2;
+}
+
 } // namespace torchfuse::kernels
 
 // Expands MACRO(T) for each storage type above: the explicit instantiations

@@ -61,7 +61,8 @@ __device__ __forceinline__ void poolWindow(
 #pragma unroll
       for (int k = 0; k < V; ++k) {
         // NB: no bias, no add: -0.0 stays -0.0, as in eager's act(conv).
-        m[k] = poolMax(m[k], activate<K>(a.bias ? v[k] + b[k] : v[k], a.act.a, a.act.b));
+        m[k] = poolMax(
+            m[k], activate<K, isSixteenBit<T>()>(a.bias ? v[k] + b[k] : v[k], a.act.a, a.act.b));
       }
     }
   }

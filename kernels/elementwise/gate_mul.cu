@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(kThreads) gateMulKernel(
       if (cursor.channel != last) {
         last = cursor.channel;
         const float pre = toFloat(image_gate[int64_t(last) * gate_channel_stride]);
-        g = toFloat(fromFloat<T>(activate<K>(pre, act.a, act.b)));
+        g = toFloat(fromFloat<T>(activate<K, isSixteenBit<T>()>(pre, act.a, act.b)));
       }
       y[k] *= g;
       cursor.next(map.run, map.channels);

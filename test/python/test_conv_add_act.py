@@ -253,14 +253,18 @@ def test_torchvision_models(name):
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("act", list(ACTS))
 @pytest.mark.parametrize("form", ["none", "add", "add_", "broadcast"])
+# The epilogue's vectors (4 float32 or 8 16-bit elements) lie in one channel
+# (nchw, 8x8), span several (nchw, 9x11; channels-last, 12 channels) or
+# consecutive ones whose bias is read as a vector (channels-last, 16).
+@pytest.mark.parametrize("cout, height, width", [(16, 9, 11), (16, 8, 8), (12, 8, 8)])
 @CUDA_ONLY[0]
 @CUDA_ONLY[1]
-def test_cuda_against_float64(dtype, channels_last, act, form):
+def test_cuda_against_float64(dtype, channels_last, act, form, cout, height, width):
     torch.manual_seed(7)
     args = ACTS[act][0]
-    x = signed(2, 8, 9, 11, dtype=dtype, device="cuda") * 2
-    w = signed(16, 4, 3, 3, dtype=dtype, device="cuda") * 0.3
-    b = signed(16, dtype=dtype, device="cuda")
+    x = signed(2, 8, height, width, dtype=dtype, device="cuda") * 2
+    w = signed(cout, 4, 3, 3, dtype=dtype, device="cuda") * 0.3
+    b = signed(cout, dtype=dtype, device="cuda")
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     x = x.to(memory_format=fmt)
     conv_shape = F.conv2d(x, w, None, 1, 1, 1, 2).shape
@@ -268,7 +272,7 @@ def test_cuda_against_float64(dtype, channels_last, act, form):
     if form in ("add", "add_"):
         other = signed(*conv_shape, dtype=dtype, device="cuda").to(memory_format=fmt)
     elif form == "broadcast":
-        other = signed(16, 1, 1, dtype=dtype, device="cuda")
+        other = signed(cout, 1, 1, dtype=dtype, device="cuda")
     promote = form != "add_"
     want = eager(x, w, b, [1], [1], [1], 2, other, 0.5, promote, act)
     d = lambda t: None if t is None else t.double().cpu()  # noqa: E731
@@ -276,7 +280,7 @@ def test_cuda_against_float64(dtype, channels_last, act, form):
     poison_allocator([want.numel() * want.element_size()])
     got = op(x, w, b, [1], [1], [1], 2, other, 0.5, promote, act, args)
     assert got.is_contiguous(memory_format=fmt) == want.is_contiguous(memory_format=fmt)
-    assert_close_to_reference(got, want, ref, what=f"{act} {form} {dtype} cl={channels_last}")
+    assert_close_to_reference(got, want, ref, what=f"{act} {form} {dtype} cl={channels_last} {cout}x{height}x{width}")
 
 
 @CUDA_ONLY[0]

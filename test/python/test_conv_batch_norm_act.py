@@ -47,6 +47,9 @@ CASES = [  # (input shape, weight shape, stride, padding, dilation, groups)
     ((2, 4, 7, 6), (6, 2, 3, 3), [2, 1], [1, 0], [1, 2], 2),
     ((2, 4, 5, 5), (4, 1, 3, 3), [1, 1], [1, 1], [1, 1], 4),  # depthwise
     ((1, 3, 4, 5, 4), (5, 3, 1, 3, 1), [1, 1, 1], [0, 1, 0], [1, 1, 1], 1),
+    # 16 channels of 8x8: a vector of the CUDA epilogue is one channel (nchw)
+    # or 4 or 8 consecutive ones (channels-last), its operands read as vectors
+    ((2, 8, 8, 8), (16, 8, 3, 3), [1, 1], [1, 1], [1, 1], 1),
 ]
 
 
