@@ -6,23 +6,29 @@
 // NB: where nothing is recorded for autograd (no_grad, inference mode, or
 // no input that requires grad: a frozen model's inference) it calls
 // scaled_dot_product_attention without a mask, so that ATen runs its fused
-// flash or memory-efficient kernels.  Where autograd records, it passes a
-// mask that is true everywhere, with the strides of the one transformers
-// traces (an [L, 1] column expanded: stride 0 in its last dim), so that ATen
-// picks the backend it picked for the original (CUDA: the math path, whose
-// derivatives are differentiable again; the fused kernels have no double
-// backward): gradients and double gradients stay the original's.
+// flash, memory-efficient or cuDNN kernels.  Where autograd records and
+// ATen would run such a kernel for the unmasked call (training), it runs
+// that call too, forward and backward (FusedAttentionFunction), so that a
+// training step does not take the math path, which the original's mask
+// forces (transformers traces an [L, 1] column expanded: stride 0 in its
+// last dim): the fused kernels have no double backward, so a backward that
+// records a graph (create_graph=True) gives the math path's derivatives,
+// which are differentiable again, as the original's are.  Elsewhere it
+// passes a mask that is true everywhere with the original's strides, so that
+// ATen picks the math path as for the original.
 //
 // NB: CompositeImplicitAutograd, as scaled_dot_product_attention: it is made
-// of ATen calls, so it runs on every backend (Meta included), autograd
-// differentiates the nested call, and autocast casts that call as it cast
-// the original.
+// of ATen calls, so it runs on every backend (Meta included), and autocast
+// casts the nested call as it cast the original.
 
 #include <ATen/ATen.h>
+#include <ATen/SDPBackend.h>
 #include <c10/core/GradMode.h>
+#include <torch/autograd.h>
 #include <torch/library.h>
 
 #include <optional>
+#include <vector>
 
 #include "ops/common/checks.h"
 #include "torchfuse/ops.h"
@@ -54,6 +60,99 @@ namespace {
 
 constexpr const char* kOp = "torchfuse::custom_unmasked_attention";
 
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The unmasked call where autograd records it.  Forward: the call on
+// detached copies of query, key and value, recorded in a graph of its own,
+// whose fused backward the backward runs.  A backward that records a graph
+// differentiates the math path instead, on the saved inputs in the dtype
+// the call computed in (the one autocast gave it), so that the second
+// derivatives exist and are the original's.
+class FusedAttentionFunction : public torch::autograd::Function<FusedAttentionFunction> {
+ public:
+  static at::Tensor forward(
+      AutogradContext* ctx,
+      const at::Tensor& query,
+      const at::Tensor& key,
+      const at::Tensor& value,
+      std::optional<double> scale,
+      bool enable_gqa) {
+    at::AutoGradMode record(true);
+    std::vector<at::Tensor> nested{at::Tensor()};
+    for (const auto* t : {&query, &key, &value}) {
+      nested.push_back(t->detach().requires_grad_(t->requires_grad()));
+    }
+    nested[0] = at::scaled_dot_product_attention(
+        nested[1], nested[2], nested[3], std::nullopt, 0.0, false, scale, enable_gqa);
+    ctx->save_for_backward({query, key, value});
+    ctx->saved_data["nested"] = nested;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["enable_gqa"] = enable_gqa;
+    return nested[0].detach();
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    variable_list result(5);
+    if (!grads[0].defined()) {
+      return result;
+    }
+    const auto saved = ctx->get_saved_variables();
+    const auto nested = ctx->saved_data["nested"].toTensorVector();
+    const auto scale = ctx->saved_data["scale"].toOptional<double>();
+    const bool enable_gqa = ctx->saved_data["enable_gqa"].toBool();
+    const bool recording = c10::GradMode::is_enabled();
+    at::Tensor out;
+    variable_list inputs;
+    std::vector<size_t> which;
+    if (recording) {
+      const auto dtype = nested[0].scalar_type();
+      out = std::get<0>(at::_scaled_dot_product_attention_math(
+          saved[0].to(dtype), saved[1].to(dtype), saved[2].to(dtype), std::nullopt, 0.0, false,
+          std::nullopt, scale, enable_gqa));
+    } else {
+      out = nested[0];
+    }
+    for (size_t i = 0; i < 3; ++i) {
+      const auto& input = recording ? saved[i] : nested[i + 1];
+      if (ctx->needs_input_grad(i) && input.requires_grad()) {
+        inputs.push_back(input);
+        which.push_back(i);
+      }
+    }
+    if (inputs.empty()) {
+      return result;
+    }
+    // NB: retain_graph: a backward of the outer graph with retain_graph=True
+    // may run this node again.
+    const auto g = torch::autograd::grad(
+        {out}, inputs, {grads[0]}, /*retain_graph=*/true, /*create_graph=*/recording,
+        /*allow_unused=*/true);
+    for (size_t j = 0; j < which.size(); ++j) {
+      result[which[j]] = g[j];
+    }
+    return result;
+  }
+};
+
+// Whether ATen would run the unmasked call by a fused kernel.  NB: where
+// the choice raises (every backend disabled, say), the masked call raises
+// the original's error.
+bool fusedKernelRuns(
+    const at::Tensor& query,
+    const at::Tensor& key,
+    const at::Tensor& value,
+    std::optional<double> scale,
+    bool enable_gqa) {
+  try {
+    const auto backend = static_cast<at::SDPBackend>(
+        at::_fused_sdp_choice(query, key, value, std::nullopt, 0.0, false, scale, enable_gqa));
+    return backend != at::SDPBackend::math && backend != at::SDPBackend::error;
+  } catch (const c10::Error&) {
+    return false;
+  }
+}
+
 at::Tensor unmaskedAttention(
     const at::Tensor& query,
     const at::Tensor& key,
@@ -69,6 +168,9 @@ at::Tensor unmaskedAttention(
     // NB: a rank ATen rejects gets ATen's error from the unmasked call.
     return at::scaled_dot_product_attention(
         query, key, value, std::nullopt, 0.0, false, scale, enable_gqa);
+  }
+  if (fusedKernelRuns(query, key, value, scale, enable_gqa)) {
+    return FusedAttentionFunction::apply(query, key, value, scale, enable_gqa);
   }
   // [..., L, S], the attention weights' shape, true everywhere
   auto sizes = query.sym_sizes().vec();

@@ -10,8 +10,8 @@
 // path: float32 copies of q, k and v, two float32 matmuls and a masked
 // softmax.  A boolean mask that is true everywhere masks nothing: the call
 // becomes torchfuse::custom_unmasked_attention (ops/unmasked_attention.cpp),
-// which runs the fused kernels where autograd records nothing, and a call
-// masked as the original's where it does (double backward).
+// which runs the fused kernels (in training too; a backward that records a
+// graph differentiates the math path, as the original's).
 //
 // The proof: a constant boolean tensor (a frozen graph folds the chain) is
 // looked at; otherwise a lower bound on values: arange starts at its start,
@@ -202,6 +202,14 @@ bool noDropout(const Node* n) {
   return p.has_value() && *p == 0.0;
 }
 
+// NB: where autograd records, the op runs a fused kernel whose backward
+// reads the output the call returned (ATen saves it), and the original's
+// math path does not: an in-place write to the output, or to a view of it,
+// would make that backward raise where the original's ran.
+bool outputNotWritten(const AliasDb& db, const Node* n) {
+  return !db.hasWriters(n->output());
+}
+
 void collect(torch::jit::Block* block, std::vector<Node*>& out) {
   for (Node* n : block->nodes()) {
     if (isSdpa(n)) {
@@ -229,7 +237,7 @@ int64_t DropAllTrueAttentionMasks(std::shared_ptr<torch::jit::Graph>& graph) {
     // NB: outsideScriptedAutocast as for the fusions: TorchScript's autocast
     // pass would cast the original call, and cannot see into the op.
     if (!isNone(mask) && notCausal(n) && noDropout(n) && outsideScriptedAutocast(n) &&
-        prover.allTrue(mask)) {
+        outputNotWritten(alias_db, n) && prover.allTrue(mask)) {
       drop.push_back(n);
     }
   }

@@ -3,9 +3,10 @@ scaled_dot_product_attention call whose attn_mask the graph proves a boolean
 mask true everywhere (transformers traces one for BERT without an
 attention_mask, which keeps ATen's fused attention kernels out) becomes
 torchfuse::custom_unmasked_attention; every other call stays.  Each rule that
-keeps a call has a negative test here.  The op runs the unmasked call where
-autograd records nothing, and a masked call as the original's where it does:
-values, gradients and double backward as the original's."""
+keeps a call has a negative test here.  The op runs the unmasked call, also
+where autograd records and ATen would run a fused kernel for it, with the
+math path's derivatives for a backward that records a graph; elsewhere a
+masked call as the original's."""
 
 import copy
 import warnings
@@ -13,6 +14,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from cuda_utils import poison_allocator
 
 import torchfuse
 
@@ -103,6 +105,16 @@ def test_dropout_keeps_the_call():  # noDropout: the fused kernels draw other nu
 
     graph = torch.jit.script(f).graph.copy()
     assert torchfuse.fuse_graph(graph)["attention_masks_dropped"] == 0 and calls(graph) == (1, 0)
+
+
+def test_a_call_whose_output_is_written_stays():  # outputNotWritten: the fused backward reads it
+    def f(q, k, v):
+        m = torch.arange(q.size(-2))[None, None, :, None] >= 0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=m.expand(2, 1, 5, 5))
+        y.transpose(1, 2).mul_(2.0)
+        return y
+
+    check(f, dropped=False)
 
 
 def test_a_written_mask_stays():  # unwritten: an in-place write may change it
@@ -215,6 +227,53 @@ def test_traced_bert_loses_its_all_true_masks(freeze):
             assert (got.double() - exact).abs().max() <= 2 * (want.double() - exact).abs().max() + 1e-6
 
 
+def test_traced_bert_trains_through_the_fused_attention():
+    """A training step of a traced BERT (CPU: its attention by flash
+    attention): the output and every parameter's gradient within twice the
+    traced original's error against float64."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, vocab_size=128, torchscript=True, return_dict=False,
+        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = transformers.BertModel(cfg).train()
+    x = torch.randn(3, 7, 32)
+    gy = torch.randn(3, 7, 32)
+
+    class EmbedsIn(torch.nn.Module):
+        def __init__(self, bert):
+            super().__init__()
+            self.bert = bert
+
+        def forward(self, e):
+            return self.bert(inputs_embeds=e)[0]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        traced = torch.jit.trace(EmbedsIn(copy.deepcopy(model)), (x,))
+        opt = torchfuse.optimize(torch.jit.trace(EmbedsIn(copy.deepcopy(model)), (x,)))
+    assert calls(opt.inlined_graph) == (0, 2)
+    exact = EmbedsIn(copy.deepcopy(model).double())
+
+    def step(m, inp, g):
+        m.zero_grad()
+        y = m(inp)
+        y.backward(g)
+        return {"out": y.detach(), **{n: p.grad for n, p in m.named_parameters()}}
+
+    for _ in range(2):  # the profiling executor's runs, then the optimized graph
+        want, got = step(traced, x, gy), step(opt, x, gy)
+    ref = step(exact, x.double(), gy.double())
+    for name, r in ref.items():
+        if r is None:  # the pooler's: not on the path to the output
+            assert got[name] is None and want[name] is None, name
+            continue
+        err = (got[name].double() - r).abs().max()
+        allowed = 2 * (want[name].double() - r).abs().max() + 1e-6
+        assert err <= allowed, f"{name}: {err:.3g} > {allowed:.3g}"
+
+
 # ---- the op ------------------------------------------------------------------
 
 def bert_like_mask(q, k):
@@ -231,32 +290,60 @@ def test_op_without_autograd_is_the_unmasked_call(dtype):
                                    rtol=0, atol=0)
 
 
-def test_op_under_autograd_is_the_masked_call():
-    """Values and gradients as the original's masked call, bit for bit, and
-    double backward as the original's: both work or both fail alike."""
+def second(gs, xs):
+    """The second derivatives of sum(gs) with respect to xs, or the type of
+    the error raised."""
+    try:
+        return torch.autograd.grad(sum(g.sum() for g in gs), xs)
+    except RuntimeError as e:
+        return type(e)
+
+
+def test_op_under_autograd_runs_the_fused_kernel_and_a_differentiable_backward():
+    """Where autograd records and ATen runs a fused kernel for the unmasked
+    call (CPU: flash attention): the unmasked call's output and gradients,
+    bit for bit; a backward that records a graph gives the math path's
+    gradients, whose second derivatives exist (the fused kernels have none)."""
     leaves = [t.double().requires_grad_() for t in qkv(2)]
     mine = [t.detach().clone().requires_grad_() for t in leaves]
-    want = F.scaled_dot_product_attention(*leaves, attn_mask=bert_like_mask(leaves[0], leaves[1]))
+    want = F.scaled_dot_product_attention(*leaves)
     got = OP(*mine)
+    assert torch.equal(got, want)
+    gy = torch.randn(want.shape, dtype=want.dtype, generator=torch.Generator().manual_seed(3))
+    for a, b in zip(torch.autograd.grad(got, mine, gy, retain_graph=True),
+                    torch.autograd.grad(want, leaves, gy, retain_graph=True)):
+        assert torch.equal(a, b)
+    assert isinstance(second(torch.autograd.grad(want, leaves, gy, create_graph=True), leaves), type)
+
+    math = [t.detach().clone().requires_grad_() for t in leaves]
+    m = torch.ops.aten._scaled_dot_product_attention_math(*math)[0]
+    g_math = torch.autograd.grad(m, math, gy, create_graph=True)
+    g_got = torch.autograd.grad(got, mine, gy, create_graph=True)
+    for a, b in zip(g_got, g_math):
+        assert torch.equal(a, b)
+    for a, b in zip(second(g_got, mine), second(g_math, math)):
+        assert torch.equal(a, b)
+
+
+def test_op_under_autograd_where_the_unmasked_call_is_math_is_the_masked_call():
+    """Where ATen would take the math path for the unmasked call too (here:
+    only math enabled), the op makes the original's masked call: values and
+    gradients bit for bit, and double backward as the original's."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    leaves = [t.double().requires_grad_() for t in qkv(2)]
+    mine = [t.detach().clone().requires_grad_() for t in leaves]
+    with sdpa_kernel([SDPBackend.MATH]):
+        want = F.scaled_dot_product_attention(*leaves, attn_mask=bert_like_mask(leaves[0], leaves[1]))
+        got = OP(*mine)
     assert torch.equal(got, want)
     gy = torch.randn(want.shape, dtype=want.dtype, generator=torch.Generator().manual_seed(3))
     g_want = torch.autograd.grad(want, leaves, gy, create_graph=True)
     g_got = torch.autograd.grad(got, mine, gy, create_graph=True)
     for a, b in zip(g_got, g_want):
         assert torch.equal(a, b)
-
-    def second(gs, xs):
-        try:
-            return torch.autograd.grad(sum(g.sum() for g in gs), xs)
-        except RuntimeError as e:
-            return type(e)
-
-    s_want, s_got = second(g_want, leaves), second(g_got, mine)
-    if isinstance(s_want, type):
-        assert s_got is s_want
-    else:
-        for a, b in zip(s_got, s_want):
-            assert torch.equal(a, b)
+    for a, b in zip(second(g_got, mine), second(g_want, leaves)):
+        assert torch.equal(a, b)
 
 
 def test_op_errors_name_the_argument_and_schema_checks():
@@ -280,3 +367,34 @@ def test_cuda_op_against_float64(dtype):
         got = OP(q, k, v)
     assert got.dtype == dtype
     assert (got.double() - exact).abs().max() <= 2 * (eager.double() - exact).abs().max() + 1e-6
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_cuda_op_under_autograd_against_float64(dtype):
+    """Training: output and gradients of the fused path against float64, at
+    most twice the original masked call's error; a backward that records a
+    graph gives a double backward."""
+    g = torch.Generator(device="cuda").manual_seed(6)
+    base = [torch.randn(4, 12, 128, 64, device="cuda", generator=g) for _ in range(3)]
+    gy = torch.randn(4, 12, 128, 64, device="cuda", generator=g)
+    exact_in = [t.double().requires_grad_() for t in base]
+    exact = F.scaled_dot_product_attention(*exact_in)
+    exact_g = torch.autograd.grad(exact, exact_in, gy.double())
+
+    def run(fn):
+        xs = [t.to(dtype).requires_grad_() for t in base]
+        y = fn(xs)
+        return [y] + list(torch.autograd.grad(y, xs, gy.to(dtype)))
+
+    eager = run(lambda xs: F.scaled_dot_product_attention(*xs, attn_mask=bert_like_mask(xs[0], xs[1])))
+    poison_allocator([base[0].numel() * 4])
+    got = run(lambda xs: OP(*xs))
+    for name, a, e, x in zip(("out", "dq", "dk", "dv"), got, eager, [exact] + list(exact_g)):
+        assert a.dtype == dtype, name
+        err, eager_err = ((t.double() - x).abs().max() for t in (a, e))
+        assert err <= 2 * eager_err + 1e-6, f"{dtype} {name}: {err:.3g} against the original's {eager_err:.3g}"
+    xs = [t.to(dtype).requires_grad_() for t in base]
+    gs = torch.autograd.grad(OP(*xs), xs, gy.to(dtype), create_graph=True)
+    assert all(isinstance(t, torch.Tensor) for t in second(gs, xs))
