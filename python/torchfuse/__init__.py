@@ -44,6 +44,28 @@ def _check_build() -> None:
 _check_build()
 
 
+def _tag_compile_caches() -> None:
+    # NB: torch.compile's caches (FX graph, AOTAutograd, remote) key a
+    # compiled graph by the custom ops' schemas, not by their kernels: a
+    # graph compiled against one build of the ops would be reused with
+    # another whose Meta kernels give other dtypes or shapes, and its code
+    # would then read their results as the old ones (wrong values, no
+    # error).  The ops library's identity joins the caches' key tag, which
+    # keeps any tag the user set.
+    import os
+
+    import torch.compiler.config as compiler_config
+
+    st = os.stat(_C.ops_library_path())
+    ident = f"torchfuse-{__version__}-{st.st_size}-{st.st_mtime_ns}"
+    tag = compiler_config.cache_key_tag
+    if ident not in tag.split(";"):
+        compiler_config.cache_key_tag = f"{tag};{ident}" if tag else ident
+
+
+_tag_compile_caches()
+
+
 def library_path() -> str:
     """Path of libtorchfuse_ops, for ``torch.ops.load_library`` in processes
     that load optimized models without importing torchfuse."""

@@ -143,3 +143,25 @@ def test_compiled_dynamic_shapes_match_eager_without_recompiling(training):
         for name in ("running_mean", "running_var"):
             torch.testing.assert_close(getattr(src, name), getattr(eager, name), msg=lambda m, name=name: f"{name}: {m}")
     assert counter.frame_count == 1, f"recompiled: {counter.frame_count} graphs for {len(DYNAMIC_SIZES)} sizes"
+
+
+def test_import_tags_the_compile_caches_with_the_ops_library():
+    """The caches key graphs by the ops' schemas: the ops library's identity
+    joins their key tag, after a tag the user set, and only once."""
+    import os
+    import subprocess
+    import sys
+
+    import torch.compiler.config as compiler_config
+
+    import torchfuse
+
+    st = os.stat(torchfuse.library_path())
+    ident = f"torchfuse-{torchfuse.__version__}-{st.st_size}-{st.st_mtime_ns}"
+    assert ident in compiler_config.cache_key_tag.split(";")
+    code = ("import importlib, torch.compiler.config as c, torchfuse; "
+            "importlib.reload(torchfuse); print(c.cache_key_tag)")
+    env = dict(os.environ, TORCH_COMPILE_CACHE_KEY_TAG="mine")
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", code], env=env, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert out == f"mine;{ident}", out
