@@ -196,25 +196,36 @@ def test_a_constant_mask_with_a_false_element_stays():
 
 # ---- a real model ------------------------------------------------------------
 
-@pytest.mark.parametrize("freeze", [False, True], ids=["traced", "frozen"])
-def test_traced_bert_loses_its_all_true_masks(freeze):
+class EmbedsIn(torch.nn.Module):
+    """A BERT called with inputs_embeds only (no attention_mask), returning
+    its outputs or, with `first`, the last hidden state."""
+
+    def __init__(self, bert, first=False):
+        super().__init__()
+        self.bert = bert
+        self.first = first
+
+    def forward(self, e):
+        out = self.bert(inputs_embeds=e)
+        return out[0] if self.first else out
+
+
+def tiny_bert():
+    """A 2-layer transformers BertModel of hidden size 32 without dropout,
+    seeded; inputs_embeds of [3, 7, 32]."""
     transformers = pytest.importorskip("transformers")
     cfg = transformers.BertConfig(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
         max_position_embeddings=64, vocab_size=128, torchscript=True, return_dict=False,
         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attn_implementation="sdpa")
     torch.manual_seed(0)
-    model = transformers.BertModel(cfg).eval()
+    return transformers.BertModel(cfg)
+
+
+@pytest.mark.parametrize("freeze", [False, True], ids=["traced", "frozen"])
+def test_traced_bert_loses_its_all_true_masks(freeze):
+    model = tiny_bert().eval()
     x = torch.randn(3, 7, 32)
-
-    class EmbedsIn(torch.nn.Module):
-        def __init__(self, bert):
-            super().__init__()
-            self.bert = bert
-
-        def forward(self, e):
-            return self.bert(inputs_embeds=e)
-
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
         traced = torch.jit.trace(EmbedsIn(model).eval(), (x,))
@@ -231,30 +242,15 @@ def test_traced_bert_trains_through_the_fused_attention():
     """A training step of a traced BERT (CPU: its attention by flash
     attention): the output and every parameter's gradient within twice the
     traced original's error against float64."""
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.BertConfig(
-        hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=64, vocab_size=128, torchscript=True, return_dict=False,
-        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attn_implementation="sdpa")
-    torch.manual_seed(0)
-    model = transformers.BertModel(cfg).train()
+    model = tiny_bert().train()
     x = torch.randn(3, 7, 32)
     gy = torch.randn(3, 7, 32)
-
-    class EmbedsIn(torch.nn.Module):
-        def __init__(self, bert):
-            super().__init__()
-            self.bert = bert
-
-        def forward(self, e):
-            return self.bert(inputs_embeds=e)[0]
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
-        traced = torch.jit.trace(EmbedsIn(copy.deepcopy(model)), (x,))
-        opt = torchfuse.optimize(torch.jit.trace(EmbedsIn(copy.deepcopy(model)), (x,)))
+        traced = torch.jit.trace(EmbedsIn(copy.deepcopy(model), first=True), (x,))
+        opt = torchfuse.optimize(torch.jit.trace(EmbedsIn(copy.deepcopy(model), first=True), (x,)))
     assert calls(opt.inlined_graph) == (0, 2)
-    exact = EmbedsIn(copy.deepcopy(model).double())
+    exact = EmbedsIn(copy.deepcopy(model).double(), first=True)
 
     def step(m, inp, g):
         m.zero_grad()
