@@ -13,9 +13,10 @@
 // forces (transformers traces an [L, 1] column expanded: stride 0 in its
 // last dim): the fused kernels have no double backward, so a backward that
 // records a graph (create_graph=True) gives the math path's derivatives,
-// which are differentiable again, as the original's are.  Elsewhere it
-// passes a mask that is true everywhere with the original's strides, so that
-// ATen picks the math path as for the original.
+// which are differentiable again.  Elsewhere (the unmasked call would take
+// the math path too) it passes a mask that is true everywhere with the
+// original's strides, so that ATen picks the backend it picked for the
+// original.
 //
 // NB: CompositeImplicitAutograd, as scaled_dot_product_attention: it is made
 // of ATen calls, so it runs on every backend (Meta included), and autocast
@@ -85,8 +86,10 @@ class FusedAttentionFunction : public torch::autograd::Function<FusedAttentionFu
     }
     nested[0] = at::scaled_dot_product_attention(
         nested[1], nested[2], nested[3], std::nullopt, 0.0, false, scale, enable_gqa);
-    ctx->save_for_backward({query, key, value});
-    ctx->saved_data["nested"] = nested;
+    // NB: saved variables, not saved_data: the engine releases them after a
+    // backward that does not retain the graph, and the nested graph with
+    // them, where saved_data would hold it until the outer graph goes.
+    ctx->save_for_backward({query, key, value, nested[0], nested[1], nested[2], nested[3]});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["enable_gqa"] = enable_gqa;
     return nested[0].detach();
@@ -98,7 +101,7 @@ class FusedAttentionFunction : public torch::autograd::Function<FusedAttentionFu
       return result;
     }
     const auto saved = ctx->get_saved_variables();
-    const auto nested = ctx->saved_data["nested"].toTensorVector();
+    const variable_list nested(saved.begin() + 3, saved.end());
     const auto scale = ctx->saved_data["scale"].toOptional<double>();
     const bool enable_gqa = ctx->saved_data["enable_gqa"].toBool();
     const bool recording = c10::GradMode::is_enabled();
