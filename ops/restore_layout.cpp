@@ -10,6 +10,12 @@
 // it with the original's layouts) or contiguous with canonical strides
 // (also for size-1 dims, whose strides suggest_memory_format reads).
 //
+// In an unfrozen graph the region's entry is instead the first convolution's
+// weight, which custom_channels_last_weight converted or not: given that
+// result as `converted`, the op restores contiguous strides exactly where it
+// converted (the original's region is then all contiguous), else returns
+// `self`, which the region computed with the original's layouts.
+//
 // NB: CompositeImplicitAutograd, as aten::contiguous (whose alias schema
 // this shares: the result is self or a copy): it is made of ATen ops, so it
 // runs on every backend (Meta included) and autograd differentiates it.
@@ -17,11 +23,14 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "ops/channels_last_weight.h"
 #include "ops/common/checks.h"
 #include "ops/restore_layout.h"
 
 TORCH_LIBRARY_FRAGMENT(torchfuse, m) {
-  m.def("custom_restore_layout(Tensor(a) self, Tensor entry) -> Tensor(a)");
+  m.def(
+      "custom_restore_layout(Tensor(a) self, Tensor entry, Tensor? converted=None) -> "
+      "Tensor(a)");
 }
 
 namespace torchfuse::ops {
@@ -57,10 +66,15 @@ bool entryIsChannelsLast(const at::Tensor& entry) {
   return false;
 }
 
-at::Tensor restoreLayout(const at::Tensor& self, const at::Tensor& entry) {
+at::Tensor restoreLayout(
+    const at::Tensor& self,
+    const at::Tensor& entry,
+    const std::optional<at::Tensor>& converted) {
   checkDefined(kOp, "self", self);
   checkDefined(kOp, "entry", entry);
-  if (entryIsChannelsLast(entry) || hasContiguousStrides(self)) {
+  const bool keep = converted.has_value() ? !convertsToChannelsLast(entry, *converted)
+                                          : entryIsChannelsLast(entry);
+  if (keep || hasContiguousStrides(self)) {
     return self;
   }
   return self.clone(at::MemoryFormat::Contiguous);

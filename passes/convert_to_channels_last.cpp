@@ -20,6 +20,14 @@
 // strides could steer TensorIterator's output layout (more than one dim of
 // size > 1); anything written after it leaves the region, since the restore
 // op may copy.
+//
+// Unfrozen graphs (ConvertToChannelsLastUnfrozen) read the weights from the
+// module's attributes on each call, so the region's first convolution reads
+// its weight through custom_channels_last_weight, which converts it where
+// the input and every region weight suggest NCHW (the original's region is
+// then all contiguous); the restore op reads that decision from the weight
+// and the op's result.  BatchNorm may train there: its statistics are
+// per-channel, whatever the layout.
 
 #include <ATen/ATen.h>
 #include <torch/csrc/jit/ir/alias_analysis.h>
@@ -28,6 +36,8 @@
 #include <torch/csrc/jit/jit_log.h>
 
 #include <algorithm>
+#include <functional>
+#include <string>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -54,6 +64,7 @@ struct ConvForm {
   bool other;
   bool transposed_arg; // aten::_convolution / aten::convolution: index 6
   bool pools = false;  // kernel_size and stride of a max_pool2d at 9, 10
+  bool batch_norm = false; // BatchNorm's four per-channel tensors at 7-10
 };
 
 std::optional<ConvForm> convForm(const Node* n) {
@@ -64,6 +75,7 @@ std::optional<ConvForm> convForm(const Node* n) {
       {sym("torchfuse::custom_conv_relu_add"), {6, true, false}},
       {sym("torchfuse::custom_conv_add_act"), {6, true, false}},
       {sym("torchfuse::custom_conv_act_max_pool"), {6, false, false, true}},
+      {sym("torchfuse::custom_conv_batch_norm_act"), {6, false, false, false, true}},
   };
   const auto it = forms.find(n->kind());
   if (it == forms.end()) {
@@ -158,7 +170,12 @@ struct Region {
 
 class ChannelsLastConversion {
  public:
-  explicit ChannelsLastConversion(std::shared_ptr<torch::jit::Graph>& graph) : graph_(graph) {}
+  // `module`: the unfrozen graph's module, whose attributes the weights are;
+  // nullptr for a frozen graph, whose weights are constants.
+  ChannelsLastConversion(
+      std::shared_ptr<torch::jit::Graph>& graph,
+      const torch::jit::Module* module = nullptr)
+      : graph_(graph), module_(module) {}
 
   int64_t run(bool force) {
     if (!buildRegion()) {
@@ -172,15 +189,28 @@ class ChannelsLastConversion {
       return 0;
     }
     AliasDb db(graph_);
-    if (!entryUnwritten(db)) {
+    if (module_ == nullptr ? !entryUnwritten(db) : !weightLayoutsFixed()) {
       return 0;
     }
     const auto exits = exitPoints(db);
     if (!exits) {
       return 0;
     }
+    if (module_ != nullptr) {
+      const auto [weight, converted] = convertFirstWeight(weights, force);
+      for (const auto& [value, point] : *exits) {
+        insertRestore(value, point, {weight, converted});
+      }
+      replaceSqueezes();
+      return static_cast<int64_t>(region_.convs.size());
+    }
+    Value* none = nullptr;
+    {
+      torch::jit::WithInsertPoint guard(graph_->block()->nodes().front());
+      none = graph_->insertConstant(c10::IValue());
+    }
     for (const auto& [value, point] : *exits) {
-      insertRestore(value, point);
+      insertRestore(value, point, {region_.entry, none});
     }
     for (Value* w : weights) {
       const auto t = constantTensor(w)->detach().contiguous(at::MemoryFormat::ChannelsLast);
@@ -199,6 +229,47 @@ class ChannelsLastConversion {
     return region_.values.count(v) > 0;
   }
 
+  // The attribute names from the graph's module input (input 0) to `v`,
+  // read by a chain of prim::GetAttr; nullopt for any other value.
+  std::optional<std::vector<std::string>> attributePath(const Value* v) const {
+    std::vector<std::string> path;
+    while (v != graph_->inputs().at(0)) {
+      if (v->node()->kind() != c10::prim::GetAttr) {
+        return std::nullopt;
+      }
+      path.push_back(v->node()->s(c10::attr::name));
+      v = v->node()->input(0);
+    }
+    std::reverse(path.begin(), path.end());
+    return path;
+  }
+
+  // A convolution's weight as it is now: the constant (frozen), or the
+  // module attribute the unfrozen graph reads.
+  std::optional<at::Tensor> weightTensor(const Value* w) const {
+    if (module_ == nullptr) {
+      return constantTensor(w);
+    }
+    if (graph_->inputs().empty()) {
+      return std::nullopt;
+    }
+    const auto path = attributePath(w);
+    if (!path || path->empty()) {
+      return std::nullopt;
+    }
+    c10::IValue value = module_->_ivalue();
+    for (const auto& name : *path) {
+      if (!value.isObject() || !value.toObjectRef().type()->hasAttribute(name)) {
+        return std::nullopt;
+      }
+      value = value.toObjectRef().getAttr(name);
+    }
+    if (!value.isTensor()) {
+      return std::nullopt;
+    }
+    return value.toTensor();
+  }
+
   // Admits a convolution reading region value or entry `input`.
   bool admitConv(const Node* n, const ConvForm& form) const {
     if (form.transposed_arg) {
@@ -207,13 +278,19 @@ class ChannelsLastConversion {
         return false;
       }
     }
-    const auto weight = constantTensor(n->input(1));
-    if (!weight || weight->dim() != 4 ||
-        weight->suggest_memory_format() != at::MemoryFormat::Contiguous ||
-        !weight->is_contiguous()) {
+    const auto weight = weightTensor(n->input(1));
+    if (!weight || weight->dim() != 4) {
       return false;
     }
-    if (!isNoneConstant(n->input(2)) && !constantTensor(n->input(2))) {
+    // NB: unfrozen weights are checked on each call (custom_channels_last_weight).
+    if (module_ == nullptr &&
+        (weight->suggest_memory_format() != at::MemoryFormat::Contiguous ||
+         !weight->is_contiguous())) {
+      return false;
+    }
+    const Value* bias = n->input(2);
+    if (!isNoneConstant(bias) &&
+        (module_ == nullptr ? !constantTensor(bias).has_value() : inRegion(bias))) {
       return false;
     }
     if (!constantInts(n->input(form.groups))) {
@@ -228,9 +305,16 @@ class ChannelsLastConversion {
         return false;
       }
     }
-    // Every other input is a number or a list of them.
+    // Every other input is a number or a list of them, or one of
+    // BatchNorm's per-channel tensors (as admitOther takes batch_norm's).
     for (size_t i = 3; i < n->inputs().size(); ++i) {
-      if (!(form.other && i == 7) && mayHoldTensor(n->input(i))) {
+      const Value* v = n->input(i);
+      if ((form.other && i == 7) || !mayHoldTensor(v)) {
+        continue;
+      }
+      const bool per_channel = form.batch_norm && i >= 7 && i <= 10 && !inRegion(v) &&
+          (module_ != nullptr || isNoneConstant(v) || isLayoutNeutralConstant(v));
+      if (!per_channel) {
         return false;
       }
     }
@@ -254,7 +338,10 @@ class ChannelsLastConversion {
     if (elementwiseKinds().count(n->kind()) == 0) {
       return false;
     }
-    if (n->kind() == sym("aten::batch_norm")) {
+    // NB: unfrozen, BatchNorm's parameters and statistics are attributes:
+    // per-channel [C] tensors (the op requires it), so layout-neutral.
+    const bool batch_norm = n->kind() == sym("aten::batch_norm");
+    if (batch_norm && module_ == nullptr) {
       const auto training = constantBool(n->input(5));
       if (!training || *training) {
         return false;
@@ -263,14 +350,61 @@ class ChannelsLastConversion {
     if (isInPlace(n) && !inRegion(n->input(0))) {
       return false; // writes a tensor outside the region
     }
-    for (const Value* v : n->inputs()) {
+    for (size_t i = 0; i < n->inputs().size(); ++i) {
+      const Value* v = n->input(i);
       if (inRegion(v)) {
+        if (batch_norm && i != 0) {
+          return false;
+        }
         reads_region = true;
-      } else if (mayHoldTensor(v) && !isLayoutNeutralConstant(v)) {
+      } else if (
+          mayHoldTensor(v) && !isLayoutNeutralConstant(v) &&
+          !(batch_norm && module_ != nullptr && i >= 1 && i <= 4)) {
         return false;
       }
     }
     return reads_region;
+  }
+
+  // Admits an If choosing between region values, each block computing its
+  // result with admitted elementwise ops (an unfrozen residual's `if
+  // self.use_res_connect: result += input`).  Its blocks' nodes join the
+  // region before it.
+  bool admitIf(Node* n) {
+    if (n->outputs().size() != 1 || !isTensor(n->output())) {
+      return false;
+    }
+    std::vector<Node*> inner;
+    bool ok = true;
+    for (auto* b : n->blocks()) {
+      for (Node* m : b->nodes()) {
+        if (!ok || !admitOther(m)) {
+          ok = false;
+          break;
+        }
+        inner.push_back(m);
+        region_.values.insert(m->output());
+      }
+      ok = ok && b->outputs().size() == 1 && inRegion(b->outputs()[0]);
+    }
+    if (!ok) {
+      for (Node* m : inner) {
+        region_.values.erase(m->output());
+      }
+      return false;
+    }
+    region_.nodes.insert(region_.nodes.end(), inner.begin(), inner.end());
+    return true;
+  }
+
+  // A use inside the region: by a region node, or as a block result of a
+  // region If.
+  static bool internalUse(
+      const torch::jit::Use& use,
+      const std::unordered_set<const Node*>& internal) {
+    const Node* owner = use.user->owningBlock()->owningNode();
+    return internal.count(use.user) > 0 ||
+        (use.user->kind() == c10::prim::Return && owner != nullptr && internal.count(owner) > 0);
   }
 
   bool buildRegion() {
@@ -284,6 +418,10 @@ class ChannelsLastConversion {
           entries.insert(n->input(0));
         }
         region_.convs.push_back(n);
+      } else if (n->kind() == c10::prim::If) {
+        if (!admitIf(n)) {
+          continue;
+        }
       } else if (n->kind() == c10::prim::ListConstruct) {
         const bool all_region = !n->inputs().empty() &&
             std::all_of(n->inputs().begin(), n->inputs().end(), [&](const Value* v) {
@@ -320,6 +458,16 @@ class ChannelsLastConversion {
   // channels-last strides do not suggest channels-last while its
   // channels-last weight would: its weight stays.
   std::vector<Value*> candidateWeights() const {
+    if (module_ != nullptr) {
+      // Unfrozen: the weights stay as they are; each is checked per call.
+      std::vector<Value*> weights;
+      for (Node* conv : region_.convs) {
+        if (std::find(weights.begin(), weights.end(), conv->input(1)) == weights.end()) {
+          weights.push_back(conv->input(1));
+        }
+      }
+      return weights;
+    }
     std::unordered_set<const Node*> convs(region_.convs.begin(), region_.convs.end());
     std::unordered_map<const c10::StorageImpl*, int> storages;
     for (const Node* n : graph_->nodes()) {
@@ -357,10 +505,9 @@ class ChannelsLastConversion {
   }
 
   // NB: cuDNN's NHWC kernels are what the multipliers measure.
-  static bool allOnCuda(const std::vector<Value*>& weights) {
-    return std::all_of(weights.begin(), weights.end(), [](const Value* w) {
-      return constantTensor(w)->is_cuda();
-    });
+  bool allOnCuda(const std::vector<Value*>& weights) const {
+    return std::all_of(
+        weights.begin(), weights.end(), [&](const Value* w) { return weightTensor(w)->is_cuda(); });
   }
 
  public:
@@ -400,10 +547,13 @@ class ChannelsLastConversion {
           a = std::max(a, areaOf(v));
         }
       }
+      for (const auto* b : n->blocks()) {
+        a = std::max(a, areaOf(b->outputs()[0]));
+      }
       if (const auto form = convForm(n)) {
         a = areaOf(n->input(0)) / std::max(1.0, strideArea(n->input(3), 1.0));
         if (converted.count(n->input(1)) > 0) {
-          const auto w = *constantTensor(n->input(1));
+          const auto w = *weightTensor(n->input(1));
           const auto groups = (*constantInts(n->input(form->groups)))[0];
           const double flops =
               static_cast<double>(w.size(0) * w.size(1) * w.size(2) * w.size(3)) * a;
@@ -458,7 +608,7 @@ class ChannelsLastConversion {
       Value* v = n->output();
       Node* point = nullptr;
       for (const auto& use : v->uses()) {
-        if (internal.count(use.user) > 0 || readsOnlyMetadata(use.user)) {
+        if (internalUse(use, internal) || readsOnlyMetadata(use.user)) {
           continue;
         }
         Node* top = use.user;
@@ -513,21 +663,80 @@ class ChannelsLastConversion {
     }
   }
 
-  void insertRestore(Value* v, Node* point) {
+  // Unfrozen: custom_channels_last_weight reads the weights' layouts
+  // before the region, the convolutions read the weights in it, so nothing
+  // may change a layout in between: no attribute assigned, no in-place op
+  // that changes a tensor's sizes or strides (in-place arithmetic keeps
+  // them).  NB: not AliasDb, for which every attribute may alias every
+  // other (a training BatchNorm's num_batches_tracked.add_ would count).
+  bool weightLayoutsFixed() const {
+    static const std::unordered_set<c10::Symbol> restriding = [] {
+      std::unordered_set<c10::Symbol> k = {c10::prim::SetAttr};
+      for (const char* name :
+           {"set_", "resize_", "resize_as_", "as_strided_", "transpose_", "t_", "squeeze_",
+            "unsqueeze_", "swapdims_", "swapaxes_", "permute_"}) {
+        k.insert(c10::Symbol::aten(name));
+      }
+      return k;
+    }();
+    bool fixed = true;
+    forEachNode(
+        graph_->block(), [&](Node* n) { fixed = fixed && restriding.count(n->kind()) == 0; });
+    return fixed;
+  }
+
+  // Unfrozen: the first region convolution (it reads the entry) reads its
+  // weight through custom_channels_last_weight(weight, entry, weights),
+  // inserted before it with fresh reads of every weight's attribute.
+  // Returns (weight, converted), the pair the restore ops read.
+  std::pair<Value*, Value*> convertFirstWeight(const std::vector<Value*>& weights, bool force) {
+    Node* first = region_.convs.front();
+    torch::jit::WithInsertPoint guard(first);
+    std::unordered_map<const Value*, Value*> fresh = {
+        {graph_->inputs().at(0), graph_->inputs().at(0)}};
+    std::function<Value*(Value*)> read = [&](Value* v) -> Value* {
+      if (const auto it = fresh.find(v); it != fresh.end()) {
+        return it->second;
+      }
+      Value* parent = read(v->node()->input(0));
+      Value* out = graph_->insertGetAttr(parent, v->node()->s(c10::attr::name));
+      out->setType(v->type());
+      return fresh[v] = out;
+    };
+    std::vector<Value*> reads;
+    reads.reserve(weights.size());
+    for (Value* w : weights) {
+      reads.push_back(read(w));
+    }
+    Value* list = graph_->insertNode(graph_->createList(c10::TensorType::get(), reads))->output();
+    Value* weight = read(first->input(1));
+    Node* entry = graph_->create(
+        sym("torchfuse::custom_channels_last_weight"),
+        {weight, region_.entry, list, graph_->insertConstant(force)}, 1);
+    entry->output()->setType(first->input(1)->type());
+    graph_->insertNode(entry);
+    first->replaceInput(1, entry->output());
+    return {weight, entry->output()};
+  }
+
+  void insertRestore(Value* v, Node* point, const std::vector<Value*>& layout_args) {
     std::unordered_set<const Node*> internal(region_.nodes.begin(), region_.nodes.end());
     internal.insert(region_.lists.begin(), region_.lists.end());
-    Node* restore = graph_->create(sym("torchfuse::custom_restore_layout"), {v, region_.entry}, 1);
+    std::vector<Value*> inputs = {v};
+    inputs.insert(inputs.end(), layout_args.begin(), layout_args.end());
+    Node* restore = graph_->create(sym("torchfuse::custom_restore_layout"), inputs, 1);
     restore->output()->setType(v->type());
     restore->insertBefore(point);
     const auto uses = v->uses();
     for (const auto& use : uses) {
-      if (use.user != restore && internal.count(use.user) == 0 && !readsOnlyMetadata(use.user)) {
+      if (use.user != restore && !internalUse(use, internal) && !readsOnlyMetadata(use.user)) {
         use.user->replaceInput(use.offset, restore->output());
       }
     }
   }
 
   std::shared_ptr<torch::jit::Graph>& graph_;
+  const torch::jit::Module* module_;
   Region region_;
 };
 
@@ -546,6 +755,19 @@ int64_t ConvertToChannelsLast(std::shared_ptr<torch::jit::Graph>& graph, bool fo
   const auto converted = ChannelsLastConversion(graph).run(force);
   GRAPH_DUMP("After ConvertToChannelsLast", graph);
   return converted;
+}
+
+int64_t ConvertToChannelsLastUnfrozen(
+    std::shared_ptr<torch::jit::Graph>& graph,
+    const torch::jit::Module& module,
+    bool force) {
+  if (graph->inputs().empty() ||
+      graph->inputs().at(0)->type()->cast<c10::ClassType>() != module.type()) {
+    return 0;
+  }
+  const auto convs = ChannelsLastConversion(graph, &module).run(force);
+  GRAPH_DUMP("After ConvertToChannelsLastUnfrozen", graph);
+  return convs;
 }
 
 } // namespace torchfuse::passes

@@ -296,10 +296,6 @@ torch::jit::Module optimize(
       !options.freeze || !(module.hasattr("training") && module.is_training()),
       "torchfuse::optimize: freeze=True needs a module in eval mode; call "
       ".eval() first");
-  TORCH_CHECK(
-      options.freeze || options.layout != Layout::ChannelsLast,
-      "torchfuse::optimize: expected freeze=True with layout channels_last (it "
-      "converts the frozen graph's constant weights), got freeze=False");
   for (const auto& path : options.preserved_attrs) {
     preservedOwner(module, path);
   }
@@ -382,12 +378,18 @@ torch::jit::Module optimize(
   }
   // NB: after the fusions, which match the conv chains it then treats as
   // convolutions.
+  const bool force_layout = options.layout == Layout::ChannelsLast;
   if (options.freeze && options.layout != Layout::Keep && onlyForwardIsKept(result)) {
+    counts.channels_last_weights = passes::ConvertToChannelsLast(graph, force_layout);
+  } else if (!options.freeze && options.layout != Layout::Keep) {
+    // NB: forward alone: the other methods keep their own graphs, and
+    // nothing is stored converted.
     counts.channels_last_weights =
-        passes::ConvertToChannelsLast(graph, options.layout == Layout::ChannelsLast);
+        passes::ConvertToChannelsLastUnfrozen(graph, result, force_layout);
   }
   torch::jit::EliminateDeadCode(graph);
-  const bool fused = counts.attention_masks_dropped > 0 || counts.zero_dropouts_removed > 0 ||
+  const bool fused = counts.channels_last_weights > 0 || counts.attention_masks_dropped > 0 ||
+      counts.zero_dropouts_removed > 0 ||
       std::any_of(counts.fused.begin(), counts.fused.end(),
                   [](const auto& c) { return c.second > 0; });
   if (!fused && !options.freeze) {

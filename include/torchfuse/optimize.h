@@ -38,9 +38,9 @@ struct OptimizeOptions {
   // a submodule's.  Without freeze everything is kept.  Each name must
   // exist, with or without freeze.
   std::vector<std::string> preserved_attrs;
-  // With freeze: the convolutions' layout (docs/passes.md).  Without
-  // freeze the weights are attributes, not constants: Auto and Keep change
-  // nothing, ChannelsLast is an error.
+  // The convolutions' layout (docs/passes.md): with freeze the weights are
+  // stored channels-last; without, the first convolution's weight is
+  // converted on each call (ConvertToChannelsLastUnfrozen).
   Layout layout = Layout::Auto;
 };
 
@@ -55,7 +55,9 @@ struct FusionReport {
   int64_t nodes_before = 0;
   int64_t nodes_after = 0;
   // With freeze: the 2-d convolutions' weights stored channels-last
-  // (ConvertToChannelsLast); 0 where the graph keeps its layout.
+  // (ConvertToChannelsLast); without: the convolutions of the region that
+  // runs channels-last (ConvertToChannelsLastUnfrozen).  0 where the graph
+  // keeps its layout.
   int64_t channels_last_weights = 0;
   // Attention masks proven true everywhere and dropped
   // (DropAllTrueAttentionMasks).

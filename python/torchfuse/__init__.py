@@ -152,22 +152,18 @@ def optimize(
     ``passes`` selects among :func:`pass_names` (default: the fusions whose
     ``by_default`` is true, see :func:`fusions`).
 
-    ``layout`` (with ``freeze=True``) chooses the 2-d convolutions' weight
-    layout: ``"auto"`` stores CUDA weights channels-last where the cost
-    model says it is faster, ``"channels_last"`` does so on any device,
-    ``"keep"`` leaves them.  Outputs keep the memory format the original
-    returns.  Without freeze, ``"auto"`` and ``"keep"`` change nothing and
-    ``"channels_last"`` is an error.
+    ``layout`` chooses the 2-d convolutions' layout: ``"auto"`` runs them
+    channels-last on CUDA where the cost model says it is faster,
+    ``"channels_last"`` does so on any device, ``"keep"`` leaves them.
+    With ``freeze=True`` the weights are stored channels-last; without, the
+    first convolution's weight is converted on each call, where the input
+    and the weights are NCHW (training included).  Outputs keep the memory
+    format the original returns.
     """
     if not isinstance(layout, str) or layout not in _LAYOUTS:
         raise ValueError(
             f"torchfuse.optimize: expected layout to be one of "
             f"{', '.join(repr(x) for x in _LAYOUTS)}, got {layout!r}"
-        )
-    if layout == "channels_last" and not freeze:
-        raise ValueError(
-            "torchfuse.optimize: expected freeze=True with layout='channels_last' "
-            "(it converts the frozen graph's constant weights), got freeze=False"
         )
     c = _script_module_c(module, "optimize")
     names = _names(passes, "passes", "pass names")

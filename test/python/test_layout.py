@@ -215,9 +215,10 @@ def test_layout_argument_errors():
     with pytest.raises(ValueError, match=r"expected layout to be one of 'auto', "
                                          r"'channels_last', 'keep', got 'nhwc'"):
         torchfuse.optimize(scripted, freeze=True, layout="nhwc")
-    with pytest.raises(ValueError, match="expected freeze=True with layout='channels_last'"):
-        torchfuse.optimize(scripted, layout="channels_last")
-    # without freeze, auto and keep change nothing
+    with pytest.raises(ValueError, match=r"expected layout to be one of .* got 'nhwc'"):
+        torchfuse.optimize(scripted, layout="nhwc")
+    # without freeze, on the CPU: auto and keep change nothing
+    # (test_layout_unfrozen.py covers channels_last there)
     for layout in ("auto", "keep"):
         assert restore_count(torchfuse.optimize(scripted, layout=layout)) == 0
 
@@ -234,10 +235,14 @@ def test_cli_layout(tmp_path):
                          capture_output=True, text=True)
     assert bad.returncode == 2
     assert "expected --layout to be one of auto, channels_last, keep, got 'nhwc'" in bad.stderr
-    unfrozen = subprocess.run([str(cli), str(src), str(tmp_path / "o.pt"), "--layout=keep"],
+    unfrozen_out = tmp_path / "unfrozen.pt"
+    unfrozen = subprocess.run([str(cli), str(src), str(unfrozen_out), "--layout=channels_last"],
                               capture_output=True, text=True)
-    assert unfrozen.returncode == 2
-    assert "--layout is only used with --freeze" in unfrozen.stderr
+    assert unfrozen.returncode == 0, unfrozen.stderr
+    assert "convolutions run channels-last where the input and weights are NCHW" in unfrozen.stdout
+    unfrozen_loaded = torch.jit.load(str(unfrozen_out))
+    assert "custom_channels_last_weight" in str(unfrozen_loaded.graph)
+    check(model, unfrozen_loaded, inputs(3)["sliced"])
     out = tmp_path / "out.pt"
     ok = subprocess.run([str(cli), str(src), str(out), "--freeze", "--layout=channels_last"],
                         capture_output=True, text=True)

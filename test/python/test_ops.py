@@ -314,6 +314,7 @@ OPCHECK_FILES = {
     "custom_relu_backward": "test_ops.py",
     "custom_relu_forward_mask": "test_ops.py",
     "custom_restore_layout": "test_layout.py",
+    "custom_channels_last_weight": "test_layout_unfrozen.py",
     "custom_spatial_mean": "test_spatial_mean.py",
     "custom_unmasked_attention": "test_attention_masks.py",
 }

@@ -110,7 +110,6 @@ Options parseArgs(const std::vector<std::string>& args) {
   std::string check_option_seen;
   bool verbose = false;
   bool quiet = false;
-  bool layout_seen = false;
 
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
@@ -183,7 +182,6 @@ Options parseArgs(const std::vector<std::string>& args) {
         usageError(
             "expected --layout to be one of auto, channels_last, keep, got '" + opts.layout + "'");
       }
-      layout_seen = true;
     } else if (name == "--preserve-attr") {
       const auto list = value();
       for (const auto& attr : split(list, ',')) {
@@ -261,9 +259,6 @@ Options parseArgs(const std::vector<std::string>& args) {
   if (!opts.freeze && !opts.preserved_attrs.empty()) {
     usageError("--preserve-attr is only used with --freeze");
   }
-  if (!opts.freeze && layout_seen) {
-    usageError("--layout is only used with --freeze");
-  }
   if (opts.check && opts.input_shapes.empty()) {
     usageError("--check needs --input-shape");
   }
@@ -337,12 +332,13 @@ options:
                         keep this attribute or method (e.g. an
                         @torch.jit.export one; sub.name for a submodule's)
                         through freezing; repeat it or give a comma list
-    --layout=auto|channels_last|keep
-                        the 2-d convolutions' weight layout: auto (default)
-                        stores CUDA weights channels-last where the cost model
-                        says it is faster; channels_last does so on any
-                        device; keep leaves them; outputs keep the original's
-                        memory format either way
+  --layout=auto|channels_last|keep
+                        the 2-d convolutions' layout: auto (default) runs them
+                        channels-last on CUDA where the cost model says it is
+                        faster (frozen: weights stored so; unfrozen: the first
+                        weight converted per call); channels_last does so on
+                        any device; keep leaves them; outputs keep the
+                        original's memory format either way
   --device=D            load, optimize and check the model on D: cpu
                         (default), cuda or cuda:N; on CUDA, --layout=auto can
                         store the weights channels-last; OUT.pt's tensors are

@@ -390,6 +390,9 @@ std::string formatText(const RunReport& r) {
   if (r.freeze) {
     o << "  layout: " << r.fusion.channels_last_weights
       << " convolution weights stored channels-last\n";
+  } else if (r.fusion.channels_last_weights > 0) {
+    o << "  layout: " << r.fusion.channels_last_weights
+      << " convolutions run channels-last where the input and weights are NCHW\n";
   }
   if (r.check) {
     const auto& c = *r.check;

@@ -217,12 +217,14 @@ TEST(ConvertToChannelsLast, KeepsCatPoolingBatchNormAndTheSeGateInside) {
   expectSameLayoutsAndValues(graph, converted, images(3, /*unbatched=*/false));
 }
 
-TEST(ConvertToChannelsLast, RestoresWhereAValueEntersABlock) {
+// The If's blocks hold `block0` (one of them an op the region does not
+// admit, or only admitted ones); the restore op goes before it or after.
+void expectIfRestoredAt(const std::string& block0, bool before_if) {
   auto graph = frozen("%x : Tensor, %k : bool", R"IR(
   %y : Tensor = aten::conv2d(%x, %w1, %b, %one, %one, %one, %g1)
   %o : Tensor = prim::If(%k)
     block0():
-      %n : Tensor = aten::neg(%y)
+)IR" + block0 + R"IR(
       -> (%n)
     block1():
       -> (%y)
@@ -230,7 +232,15 @@ TEST(ConvertToChannelsLast, RestoresWhereAValueEntersABlock) {
   auto converted = graph->copy();
   EXPECT_EQ(force(converted), 1);
   converted->lint();
-  FileCheck().check("torchfuse::custom_restore_layout(")->check_next("prim::If")->run(*converted);
+  if (before_if) {
+    FileCheck().check("torchfuse::custom_restore_layout(")->check_next("prim::If")->run(*converted);
+  } else {
+    FileCheck()
+        .check("prim::If")
+        ->check("block1")
+        ->check("torchfuse::custom_restore_layout(")
+        ->run(*converted);
+  }
   for (const auto& x : images(3)) {
     for (bool k : {true, false}) {
       const auto e = runGraph(graph, {x, k})[0].toTensor();
@@ -239,6 +249,15 @@ TEST(ConvertToChannelsLast, RestoresWhereAValueEntersABlock) {
       EXPECT_TRUE(at::allclose(a, e, 1e-4, 1e-5));
     }
   }
+}
+
+TEST(ConvertToChannelsLast, RestoresWhereAValueEntersABlock) {
+  // admitIf's negative form: clone is not a region op
+  expectIfRestoredAt("      %n : Tensor = aten::clone(%y, %none)\n", /*before_if=*/true);
+}
+
+TEST(ConvertToChannelsLast, KeepsAnIfOfAdmittedBlocksInside) {
+  expectIfRestoredAt("      %n : Tensor = aten::neg(%y)\n", /*before_if=*/false);
 }
 
 TEST(ConvertToChannelsLast, GivesAmbiguousSingleChannelImagesTheOriginalsLayout) {
@@ -330,7 +349,7 @@ TEST(ConvertToChannelsLast, CostModelRejectsGroupedConvolutions) {
   EXPECT_FALSE(channelsLastFlopRatio(empty).has_value());
 }
 
-TEST(ConvertToChannelsLast, OptimizeRunsItOnlyWhenFrozenAndAsked) {
+TEST(ConvertToChannelsLast, OptimizeRunsItOnlyWhereAsked) {
   torch::jit::Module m("m");
   torch::manual_seed(0);
   m.register_parameter("w", at::randn({4, 3, 3, 3}), false);
@@ -356,17 +375,17 @@ def forward(self, x):
   const auto a = out.forward({x}).toTensor();
   EXPECT_EQ(a.strides(), e.strides());
   EXPECT_TRUE(at::allclose(a, e, 1e-4, 1e-5));
+  // Unfrozen: the weight converted per call, the same values and strides.
   options.freeze = false;
-  try {
-    optimize(m, options);
-    ADD_FAILURE() << "layout ChannelsLast without freeze did not throw";
-  } catch (const c10::Error& err) {
-    EXPECT_NE(
-        std::string(err.what_without_backtrace())
-            .find("expected freeze=True with layout channels_last"),
-        std::string::npos)
-        << err.what_without_backtrace();
-  }
+  auto unfrozen = optimize(m, options);
+  const auto graph = unfrozen.get_method("forward").graph()->toString();
+  EXPECT_NE(graph.find("custom_channels_last_weight"), std::string::npos);
+  EXPECT_TRUE(restores(unfrozen));
+  const auto u = unfrozen.forward({x}).toTensor();
+  EXPECT_EQ(u.strides(), e.strides());
+  EXPECT_TRUE(at::allclose(u, e, 1e-4, 1e-5));
+  options.layout = Layout::Auto; // CPU weights: unchanged
+  EXPECT_FALSE(restores(optimize(m, options)));
 }
 
 } // namespace

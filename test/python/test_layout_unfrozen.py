@@ -1,0 +1,349 @@
+"""The channels-last layout of unfrozen graphs (ConvertToChannelsLastUnfrozen):
+torchfuse.optimize(m, layout=...) without freeze, in training and eval.
+
+The weights are module attributes there: the region's first convolution
+reads its weight through custom_channels_last_weight, which converts it on
+each call where the input and every region weight suggest NCHW, and the
+values leaving the region go through custom_restore_layout(v, weight,
+converted).  Training steps (SGD with momentum) match eager: outputs,
+parameter gradients and their strides, running statistics and
+num_batches_tracked; outputs keep the original's strides for every input
+layout.  CPU runs force the conversion (layout="channels_last"); the CUDA
+tests check the cost model's own decision (layout="auto")."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torchfuse
+from test_layout import SmallCnn, inputs, randomize_bn
+
+torchvision = pytest.importorskip("torchvision")
+
+ENTRY = "torchfuse::custom_channels_last_weight"
+RESTORE = "torchfuse::custom_restore_layout"
+
+
+def entry_count(m) -> int:
+    return str(m.graph).count(ENTRY)
+
+
+def unfrozen(model, layout="channels_last"):
+    return torchfuse.optimize(torch.jit.script(model), layout=layout)
+
+
+def train_steps(model, step_fn, x, steps=3, seed=0):
+    """`steps` SGD steps of step_fn (model or its optimized module) on x,
+    with signed random output gradients; returns the last outputs and the
+    gradients of each step."""
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+    g = torch.Generator().manual_seed(seed)
+    outs, grads = None, []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        y = step_fn(x)
+        y.backward(torch.randn(y.shape, generator=g, dtype=y.dtype).to(y.device))
+        grads.append([p.grad.clone() for p in model.parameters()])
+        assert all(p.grad.stride() == q.stride() for p, q in zip(model.parameters(), grads[-1]))
+        opt.step()
+        outs = y.detach()
+    return outs, grads
+
+
+def assert_close_to_max(got, want, tol=1e-8, floor=0.0, what=""):
+    """float64 rounding: |got - want| within tol of want's largest magnitude,
+    or of `floor` where that is larger (gradients that are 0 up to rounding,
+    as a convolution bias before a training BatchNorm).  A layout mistake
+    moves values by their own size."""
+    scale = max(want.double().abs().max().item(), floor)
+    err = (got.double() - want.double()).abs().max().item()
+    assert err <= tol * scale + 1e-300, (what, err, scale)
+
+
+def assert_same_training(model, x, steps=3):
+    """Trains a copy through the optimized module and the model in eager,
+    both in float64: they agree up to rounding at every step."""
+    model = model.double().train()
+    mine = copy.deepcopy(model)
+    opt = unfrozen(mine)
+    assert entry_count(opt) == 1 and RESTORE in str(opt.graph)
+    x = x.double()
+    want, want_grads = train_steps(model, model, x, steps)
+    got, got_grads = train_steps(mine, opt, x, steps)
+    assert got.stride() == want.stride()
+    assert_close_to_max(got, want, what="output")
+    for step, (gs, ws) in enumerate(zip(got_grads, want_grads)):
+        largest = max(w.abs().max().item() for w in ws)
+        for g, w in zip(gs, ws):
+            assert g.stride() == w.stride()
+            # NB: 1e-6: BatchNorm's division by small batch variances
+            # amplifies float64 rounding (regnet: 2e-8 of the largest)
+            assert_close_to_max(g, w, tol=1e-6, floor=1e-3 * largest, what=f"gradient, step {step}")
+    for (name, b), (_, c) in zip(mine.named_buffers(), model.named_buffers()):
+        if b.is_floating_point():  # running statistics (a mean may be 0 up to rounding)
+            assert_close_to_max(b, c, floor=1e-3, what=name)
+        else:  # num_batches_tracked
+            assert torch.equal(b, c), name
+    for p, q in zip(mine.parameters(), model.parameters()):
+        assert_close_to_max(p, q, tol=1e-6, floor=1e-3, what="parameter")
+
+
+@pytest.mark.parametrize("name,kwargs", [
+    ("resnet18", {}),
+    ("mobilenet_v3_small", {"dropout": 0.0}),  # residuals under `if self.use_res_connect`
+    ("regnet_y_400mf", {}),  # squeeze-excitation gates
+    ("vgg11_bn", {"dropout": 0.0}),
+])
+def test_torchvision_training_steps_match_eager(name, kwargs):
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, name)(weights=None, **kwargs)
+    assert_same_training(model, torch.randn(2, 3, 64, 64))
+
+
+def test_small_cnn_training_steps_match_eager():
+    torch.manual_seed(0)
+    assert_same_training(randomize_bn(SmallCnn()), torch.randn(2, 3, 16, 16))
+
+
+def test_float32_training_within_twice_eagers_error():
+    """float32 against a float64 run of the same step: the error of the
+    optimized module is at most 2x eager's (plus float32's resolution).
+    Eager here is the worse of NCHW and channels-last: the CPU's NHWC
+    convolutions (oneDNN) round differently, and the forced region runs
+    them (measured: layer4's weight gradient 2.9x NCHW eager's error, equal
+    to channels-last eager's)."""
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None).train()
+    mine = copy.deepcopy(model)
+    nhwc = copy.deepcopy(model).to(memory_format=torch.channels_last)
+    reference = copy.deepcopy(model).double()
+    opt = unfrozen(mine)
+    assert entry_count(opt) == 1
+    x = torch.randn(2, 3, 64, 64)
+    gy = torch.randn(2, 1000)
+
+    def step(m, fn, dtype):
+        y = fn(x.to(dtype))
+        y.backward(gy.to(dtype))
+        return [y.detach()] + [p.grad for p in m.parameters()]
+
+    ref = step(reference, reference, torch.float64)
+    eager = step(model, model, torch.float32)
+    eager_nhwc = step(nhwc, nhwc, torch.float32)
+    got = step(mine, opt, torch.float32)
+    floor = 2 * torch.finfo(torch.float32).eps
+    for r, e, n, g in zip(ref, eager, eager_nhwc, got):
+        scale = r.abs().max().item()
+        e_err = max((t.double() - r).abs().max().item() / scale for t in (e, n))
+        g_err = (g.double() - r).abs().max().item() / scale
+        assert g_err <= 2 * e_err + floor, (g_err, e_err)
+
+
+@pytest.mark.parametrize("kind", ["nchw", "channels_last", "batch1", "batch1_channels_last",
+                                  "sliced", "transposed"])
+@pytest.mark.parametrize("training", [True, False])
+def test_outputs_keep_the_originals_strides(kind, training):
+    model = randomize_bn(SmallCnn()).train(training)
+    original = torch.jit.script(copy.deepcopy(model))
+    opt = unfrozen(model)
+    x = inputs(3)[kind]
+    want, got = original(x), opt(x)
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_channels_last_weights_run_as_the_original():
+    """A model whose weights the user made channels-last: the original's
+    convolutions run channels-last from the first, so the op leaves the
+    weight alone and the restore op keeps what the region computed."""
+    model = randomize_bn(SmallCnn()).eval().to(memory_format=torch.channels_last)
+    original = torch.jit.script(copy.deepcopy(model))
+    opt = unfrozen(model)
+    assert entry_count(opt) == 1
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        want, got = original(x), opt(x)
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got, want)
+
+
+def test_auto_and_keep_leave_cpu_graphs_alone():
+    model = SmallCnn().train()
+    assert entry_count(unfrozen(model, "auto")) == 0
+    assert entry_count(unfrozen(model, "keep")) == 0
+
+
+# ---- the rules that leave a graph unchanged (negative forms) ---------------
+
+
+class AssignsAnAttribute(nn.Module):
+    """weightLayoutsFixed: an attribute assigned in forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3)
+        self.c2 = nn.Conv2d(8, 8, 3)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.c2(F.relu(self.c1(x)))
+
+
+class RestridesAWeight(nn.Module):
+    """weightLayoutsFixed: an in-place op that changes a tensor's strides."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3)
+        self.c2 = nn.Conv2d(8, 8, 3)
+
+    def forward(self, x):
+        y = self.c2(F.relu(self.c1(x)))
+        self.c2.weight.data.transpose_(2, 3)
+        return y
+
+
+class UnknownOpInABranch(nn.Module):
+    """admitIf: a branch computes its result with an op the region does not
+    admit, so the next convolution reads a second entry."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3)
+        self.c2 = nn.Conv2d(8, 8, 3)
+        self.flip = True
+
+    def forward(self, x):
+        y = F.relu(self.c1(x))
+        if self.flip:
+            y = torch.flip(y, [3])
+        else:
+            y = y + 1
+        return self.c2(y)
+
+
+class ComputedWeight(nn.Module):
+    """weightTensor: a weight that is not a module attribute read."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(8, 3, 3, 3))
+
+    def forward(self, x):
+        return F.relu(F.conv2d(x, self.w * 2))
+
+
+@pytest.mark.parametrize("cls", [AssignsAnAttribute, RestridesAWeight, UnknownOpInABranch, ComputedWeight])
+def test_graphs_the_pass_leaves_alone(cls):
+    torch.manual_seed(0)
+    model = cls().train()
+    opt = unfrozen(copy.deepcopy(model))
+    assert entry_count(opt) == 0 and RESTORE not in str(opt.graph)
+    x = torch.randn(2, 3, 12, 12)
+    torch.testing.assert_close(opt(x), model(x))
+
+
+def test_admitted_branches_convert():
+    """The positive form of UnknownOpInABranch: both branches admitted."""
+
+    class Branches(UnknownOpInABranch):
+        def forward(self, x):
+            y = F.relu(self.c1(x))
+            if self.flip:
+                y = y * 2
+            else:
+                y = y + 1
+            return self.c2(y)
+
+    torch.manual_seed(0)
+    model = Branches().train()
+    opt = unfrozen(copy.deepcopy(model))
+    assert entry_count(opt) == 1
+    x = torch.randn(2, 3, 12, 12)
+    want, got = model(x), opt(x)
+    assert got.stride() == want.stride()
+    torch.testing.assert_close(got, want)
+
+
+# ---- the op -----------------------------------------------------------------
+
+
+def test_channels_last_weight_op_semantics():
+    op = torch.ops.torchfuse.custom_channels_last_weight
+    w = torch.randn(8, 4, 3, 3)
+    other = torch.randn(8, 8, 3, 3)
+    x = torch.randn(2, 4, 9, 9)
+    cl = torch.channels_last
+    out = op(w, x, [w, other], True)
+    assert out.is_contiguous(memory_format=cl) and torch.equal(out, w)
+    # each condition that keeps the weight as it is
+    assert op(w, x, [w, other], False) is w  # not CUDA
+    assert op(w, x.contiguous(memory_format=cl), [w, other], True) is w  # input already NHWC
+    assert op(w, x, [w, other.contiguous(memory_format=cl)], True) is w  # a weight NHWC
+    assert op(w, x[0], [w], True).is_contiguous(memory_format=cl)  # unbatched input: converts
+    flat = torch.randn(8, 1, 1, 1)  # channels-last strides do not suggest channels-last
+    assert op(flat, x, [flat], True) is flat
+    # the restore op reads the decision back
+    restore = torch.ops.torchfuse.custom_restore_layout
+    v = torch.randn(2, 8, 5, 5).contiguous(memory_format=cl)
+    assert restore(v, w, out).stride() == torch.empty(v.shape).stride()
+    assert restore(v, w, w) is v
+    with pytest.raises(RuntimeError, match="custom_channels_last_weight.*weight"):
+        op(None, x, [w], True)
+
+
+def test_channels_last_weight_op_opcheck_and_autograd():
+    op = torch.ops.torchfuse.custom_channels_last_weight
+    x = torch.randn(2, 4, 9, 9, dtype=torch.float64)
+    w = torch.randn(8, 4, 3, 3, dtype=torch.float64)
+    for any_device in (True, False):
+        torch.library.opcheck(op, (w, x, [w], any_device))
+    meta = op(w.to("meta"), x.to("meta"), [w.to("meta")], True)
+    assert meta.stride() == op(w, x, [w], True).stride()
+    w = w.requires_grad_()
+    assert torch.autograd.gradcheck(lambda t: op(t, x, [t], True), (w,))
+    assert torch.autograd.gradgradcheck(lambda t: op(t, x, [t], True) ** 2, (w,))
+
+
+# ---- CUDA: the cost model's decision ------------------------------------------
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_auto_trains_resnet18_channels_last(dtype):
+    """A training step under layout="auto" (fp32, and bf16 autocast): the
+    region runs channels-last; outputs and gradients are within 2x eager's
+    error against float64, in eager's dtypes and strides."""
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None).cuda().train()
+    mine = copy.deepcopy(model)
+    reference = copy.deepcopy(model).double()
+    opt = unfrozen(mine, "auto")
+    assert entry_count(opt) == 1
+    x = torch.randn(8, 3, 64, 64, device="cuda")
+    gy = torch.randn(8, 1000, device="cuda")
+
+    def step(m, fn, autocast):
+        with torch.autocast("cuda", dtype=dtype, enabled=autocast):
+            y = fn(x.double() if m is reference else x)
+        y.backward(gy.to(y.dtype))
+        return [y.detach()] + [p.grad for p in m.parameters()]
+
+    ref = step(reference, reference, False)
+    autocast = dtype != torch.float32
+    eager = step(model, model, autocast)
+    got = step(mine, opt, autocast)
+    floor = 2 * torch.finfo(dtype).eps
+    for r, e, g in zip(ref, eager, got):
+        assert g.dtype == e.dtype and g.stride() == e.stride()
+        scale = r.abs().max().item()
+        e_err = (e.double() - r).abs().max().item() / scale
+        g_err = (g.double() - r).abs().max().item() / scale
+        assert g_err <= 2 * e_err + floor, (g_err, e_err)
+    for b, c in zip(mine.buffers(), model.buffers()):
+        torch.testing.assert_close(b, c, rtol=1e-4, atol=1e-5)
