@@ -10,8 +10,7 @@
 // weight makes the original's convolution channels-last from there on).
 // custom_restore_layout(v, weight, result) reads the same decision back
 // from the pair: it restores contiguous strides exactly when this op
-// converted.  On CUDA only unless any_device (the cost model's multipliers
-// are cuDNN's; tests force it on the CPU).
+// converted.  any_device false: CUDA inputs only.
 //
 // NB: CompositeImplicitAutograd, as aten::contiguous (whose alias schema
 // this shares): the gradient reaches the weight through the copy, and

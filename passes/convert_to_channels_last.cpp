@@ -759,13 +759,12 @@ int64_t ConvertToChannelsLast(std::shared_ptr<torch::jit::Graph>& graph, bool fo
 
 int64_t ConvertToChannelsLastUnfrozen(
     std::shared_ptr<torch::jit::Graph>& graph,
-    const torch::jit::Module& module,
-    bool force) {
+    const torch::jit::Module& module) {
   if (graph->inputs().empty() ||
       graph->inputs().at(0)->type()->cast<c10::ClassType>() != module.type()) {
     return 0;
   }
-  const auto convs = ChannelsLastConversion(graph, &module).run(force);
+  const auto convs = ChannelsLastConversion(graph, &module).run(/*force=*/true);
   GRAPH_DUMP("After ConvertToChannelsLastUnfrozen", graph);
   return convs;
 }

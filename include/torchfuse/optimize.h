@@ -39,8 +39,9 @@ struct OptimizeOptions {
   // exist, with or without freeze.
   std::vector<std::string> preserved_attrs;
   // The convolutions' layout (docs/passes.md): with freeze the weights are
-  // stored channels-last; without, the first convolution's weight is
-  // converted on each call (ConvertToChannelsLastUnfrozen).
+  // stored channels-last (Auto: where the cost model says so); without,
+  // ChannelsLast alone converts the first convolution's weight on each call
+  // (ConvertToChannelsLastUnfrozen), and Auto keeps NCHW.
   Layout layout = Layout::Auto;
 };
 

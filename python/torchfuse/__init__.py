@@ -152,13 +152,14 @@ def optimize(
     ``passes`` selects among :func:`pass_names` (default: the fusions whose
     ``by_default`` is true, see :func:`fusions`).
 
-    ``layout`` chooses the 2-d convolutions' layout: ``"auto"`` runs them
-    channels-last on CUDA where the cost model says it is faster,
-    ``"channels_last"`` does so on any device, ``"keep"`` leaves them.
-    With ``freeze=True`` the weights are stored channels-last; without, the
-    first convolution's weight is converted on each call, where the input
-    and the weights are NCHW (training included).  Outputs keep the memory
-    format the original returns.
+    ``layout`` chooses the 2-d convolutions' layout.  With ``freeze=True``:
+    ``"auto"`` stores CUDA weights channels-last where the cost model says
+    it is faster, ``"channels_last"`` does so on any device, ``"keep"``
+    leaves them.  Without freeze, only ``"channels_last"`` changes the
+    layout: the first convolution's weight is converted on each call where
+    the input and the weights are NCHW, so the convolutions run NHWC
+    (training included); ``"auto"`` and ``"keep"`` leave the graph NCHW.
+    Outputs keep the memory format the original returns.
     """
     if not isinstance(layout, str) or layout not in _LAYOUTS:
         raise ValueError(

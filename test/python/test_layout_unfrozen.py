@@ -8,8 +8,8 @@ values leaving the region go through custom_restore_layout(v, weight,
 converted).  Training steps (SGD with momentum) match eager: outputs,
 parameter gradients and their strides, running statistics and
 num_batches_tracked; outputs keep the original's strides for every input
-layout.  CPU runs force the conversion (layout="channels_last"); the CUDA
-tests check the cost model's own decision (layout="auto")."""
+layout.  Only layout="channels_last" converts unfrozen graphs ("auto"
+keeps them NCHW, see docs/passes.md)."""
 
 import copy
 
@@ -25,6 +25,11 @@ torchvision = pytest.importorskip("torchvision")
 
 ENTRY = "torchfuse::custom_channels_last_weight"
 RESTORE = "torchfuse::custom_restore_layout"
+
+
+def same_layout(a, b) -> bool:
+    return a.shape == b.shape and all(
+        sa == sb for n, sa, sb in zip(a.shape, a.stride(), b.stride()) if n > 1)
 
 
 def entry_count(m) -> int:
@@ -170,7 +175,7 @@ def test_channels_last_weights_run_as_the_original():
     torch.testing.assert_close(got, want)
 
 
-def test_auto_and_keep_leave_cpu_graphs_alone():
+def test_auto_and_keep_leave_unfrozen_graphs_alone():
     model = SmallCnn().train()
     assert entry_count(unfrozen(model, "auto")) == 0
     assert entry_count(unfrozen(model, "keep")) == 0
@@ -315,15 +320,16 @@ def test_channels_last_weight_op_opcheck_and_autograd():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_cuda_auto_trains_resnet18_channels_last(dtype):
-    """A training step under layout="auto" (fp32, and bf16 autocast): the
-    region runs channels-last; outputs and gradients are within 2x eager's
-    error against float64, in eager's dtypes and strides."""
+def test_cuda_trains_resnet18_channels_last(dtype):
+    """A training step (fp32, and bf16 autocast) with the region channels-
+    last: outputs and gradients are within 2x eager's error against
+    float64, in eager's dtypes and strides."""
     torch.manual_seed(0)
     model = torchvision.models.resnet18(weights=None).cuda().train()
     mine = copy.deepcopy(model)
+    nhwc = copy.deepcopy(model).to(memory_format=torch.channels_last)
     reference = copy.deepcopy(model).double()
-    opt = unfrozen(mine, "auto")
+    opt = unfrozen(mine)
     assert entry_count(opt) == 1
     x = torch.randn(8, 3, 64, 64, device="cuda")
     gy = torch.randn(8, 1000, device="cuda")
@@ -337,13 +343,29 @@ def test_cuda_auto_trains_resnet18_channels_last(dtype):
     ref = step(reference, reference, False)
     autocast = dtype != torch.float32
     eager = step(model, model, autocast)
+    eager_nhwc = step(nhwc, nhwc, autocast)
     got = step(mine, opt, autocast)
     floor = 2 * torch.finfo(dtype).eps
     for r, e, g in zip(ref, eager, got):
-        assert g.dtype == e.dtype and g.stride() == e.stride()
+        # NB: the layout contract of gradients: strides equal where a dim
+        # has more than one element (a 1x1 weight's gradient may come back
+        # with channels-last strides there, which AccumulateGrad keeps)
+        assert g.dtype == e.dtype and same_layout(g, e)
         scale = r.abs().max().item()
         e_err = (e.double() - r).abs().max().item() / scale
         g_err = (g.double() - r).abs().max().item() / scale
         assert g_err <= 2 * e_err + floor, (g_err, e_err)
-    for b, c in zip(mine.buffers(), model.buffers()):
-        torch.testing.assert_close(b, c, rtol=1e-4, atol=1e-5)
+    # running statistics: the same rule against the worse of eager NCHW and
+    # eager channels-last.  A batch mean is a sum that cancels, so the TF32
+    # and 16-bit rounding of the convolution before it, which differs with
+    # cuDNN's NHWC algorithms, is a larger part of it (measured: layer2's
+    # downsample mean 4.3x NCHW eager's error in float32).
+    for (name, r), e, n, g in zip(reference.named_buffers(), model.buffers(), nhwc.buffers(),
+                                  mine.buffers()):
+        if not r.is_floating_point():
+            assert torch.equal(g, e), name  # num_batches_tracked
+            continue
+        scale = r.abs().max().item()
+        e_err = max((t.double() - r).abs().max().item() / scale for t in (e, n))
+        g_err = (g.double() - r).abs().max().item() / scale
+        assert g_err <= 2 * e_err + floor, (name, g_err, e_err)

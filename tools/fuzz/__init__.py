@@ -27,7 +27,8 @@ scripted and optimized twice, and checked in these modes:
 
   train     torchfuse.optimize(scripted): two training steps, then one step
             in eval mode of the same modules (and one of the exported
-            method);
+            method); for the programs the frozen mode's channels-last
+            variant is drawn for, again with layout="channels_last";
   frozen    torchfuse.optimize(scripted.eval(), freeze=True, with the
             exported method in preserved_attrs): one step, and one of the
             exported method; for half the programs with a 2-d convolution,

@@ -60,7 +60,7 @@ class Outcome:
     double_backward_skipped: int = 0
     # Whether the original shares a tensor between two attributes.
     shares: bool = False
-    # Frozen modes run again with layout="channels_last" (modes.CHANNELS_LAST).
+    # Train and frozen modes run again with layout="channels_last" (modes.CHANNELS_LAST).
     channels_last: int = 0
 
 

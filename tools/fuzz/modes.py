@@ -31,11 +31,12 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 # gradient penalty through optimize(m) (see _double_backward_values).
 MODES = ["train", "eval", "frozen", "autocast", "double_backward"]
 AUTOCAST = "autocast"
-# The frozen mode's variant: optimize(..., freeze=True,
-# layout="channels_last") (passes/convert_to_channels_last.cpp), values and
-# output strides compared, for CHANNELS_LAST_FRACTION of the programs with
-# a 2-d convolution, and in half of those with its 4-d inputs channels-last
-# (the pass's other case: the original's convolutions run channels-last
+# The frozen and train modes' variant: optimize(..., [freeze=True,]
+# layout="channels_last") (passes/convert_to_channels_last.cpp; unfrozen,
+# the first weight converted per call), values and output strides
+# compared, for CHANNELS_LAST_FRACTION of the programs with a 2-d
+# convolution, and in half of those with its 4-d inputs channels-last (the
+# pass's other case: the original's convolutions run channels-last
 # already).  Drawn from the check seed's own stream.
 CHANNELS_LAST = "channels_last"
 CHANNELS_LAST_FRACTION = 0.5
@@ -370,8 +371,8 @@ def _draw_channels_last(source: str, seed: int) -> str:
 def _optimize(module, freeze: bool, preserved: Sequence[str], layout: str = "auto"):
     """torchfuse.optimize; with preserved attributes (frozen programs with
     an exported method) through its preserved_attrs keyword.  Every pass
-    runs, the ones only run when named (relu) included.  `layout`: frozen
-    only (optimize's layout keyword)."""
+    runs, the ones only run when named (relu) included.  `layout`:
+    optimize's layout keyword."""
     passes = torchfuse.pass_names()
     kw = {"layout": layout} if layout != "auto" else {}
     if freeze and preserved:
@@ -626,6 +627,7 @@ def _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, prese
         torch.manual_seed(seed)
         model = _to_dtype(cls(), dtype)
         frozen_base = copy.deepcopy(model).eval()
+        train_base = copy.deepcopy(model)  # NB: before the steps write its state
         g = torch.Generator().manual_seed(seed + 1)
         inputs = [torch.randn(s, generator=g).to(dtype) for s in input_shapes]
         variant_inputs = None if channels_last == "none" else [
@@ -654,6 +656,17 @@ def _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, prese
             if "double_backward" in copies:
                 _run_double_backward_step(*copies["double_backward"], inputs, seed + 9, dtype,
                                           f"{dname} double_backward step 0", outcome)
+                if stop_early and outcome.failures:
+                    return
+            if names and variant_inputs is not None:
+                outcome.channels_last += 1
+                label = f"{dname} {CHANNELS_LAST}" + ("+inputs" if channels_last == "channels_last" else "")
+                ref, opt = _script_and_optimize(train_base, False, f"{label} train", outcome, (),
+                                                "channels_last")
+                if opt is None:
+                    return
+                _check_mode(ref, opt, steps, variant_inputs, seed, dtype, True, f"{label} train",
+                            f"{label} {{mode}} step {{i}}", stop_early, round_trip, outcome, strides=True)
                 if stop_early and outcome.failures:
                     return
         if "frozen" in modes:

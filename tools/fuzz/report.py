@@ -77,7 +77,7 @@ class Summary:
     double_backward_original_wrong: int = 0
     shares: int = 0  # programs whose original shares a tensor between attributes
     exported: int = 0  # programs with an exported method
-    channels_last: int = 0  # programs whose frozen mode ran with layout="channels_last" too
+    channels_last: int = 0  # programs whose train or frozen mode ran with layout="channels_last" too
     failures: List[Tuple[int, Program, List[str]]] = dataclasses.field(default_factory=list)
 
 
@@ -159,7 +159,7 @@ def print_summary(s: Summary, seed: int, start: int, programs: int, elapsed: flo
           f"original as torch's own module did after save/load, {s.round_trip_torch_differs} otherwise where torch's "
           f"own module differed too (not judged); {s.round_trip_skipped} modes not round-tripped "
           f"(torch cannot save/load the original)")
-    print(f"frozen: {s.channels_last} programs also with layout='channels_last' (values and output strides); "
+    print(f"train/frozen: {s.channels_last} programs also with layout='channels_last' (values and output strides); "
           f"{s.frozen_alike} modes differed from the original as torch's own frozen original did "
           f"(freeze_module), {s.frozen_torch_differs} otherwise where torch's own frozen original with a training "
           f"batch_norm differed too (not judged)")

@@ -333,12 +333,12 @@ options:
                         @torch.jit.export one; sub.name for a submodule's)
                         through freezing; repeat it or give a comma list
   --layout=auto|channels_last|keep
-                        the 2-d convolutions' layout: auto (default) runs them
-                        channels-last on CUDA where the cost model says it is
-                        faster (frozen: weights stored so; unfrozen: the first
-                        weight converted per call); channels_last does so on
-                        any device; keep leaves them; outputs keep the
-                        original's memory format either way
+                        the 2-d convolutions' layout: with --freeze, auto
+                        (default) stores CUDA weights channels-last where the
+                        cost model says it is faster, channels_last does so
+                        on any device; without --freeze only channels_last
+                        converts (the first weight, on each call); keep leaves
+                        them; outputs keep the original's memory format
   --device=D            load, optimize and check the model on D: cpu
                         (default), cuda or cuda:N; on CUDA, --layout=auto can
                         store the weights channels-last; OUT.pt's tensors are
