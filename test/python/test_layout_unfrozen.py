@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torchfuse
+from cuda_utils import floor_for, rel_err
 from test_layout import SmallCnn, inputs, randomize_bn
 
 torchvision = pytest.importorskip("torchvision")
@@ -139,11 +140,10 @@ def test_float32_training_within_twice_eagers_error():
     eager = step(model, model, torch.float32)
     eager_nhwc = step(nhwc, nhwc, torch.float32)
     got = step(mine, opt, torch.float32)
-    floor = 2 * torch.finfo(torch.float32).eps
+    floor = floor_for(torch.float32)
     for r, e, n, g in zip(ref, eager, eager_nhwc, got):
-        scale = r.abs().max().item()
-        e_err = max((t.double() - r).abs().max().item() / scale for t in (e, n))
-        g_err = (g.double() - r).abs().max().item() / scale
+        e_err = max(rel_err(t, r) for t in (e, n))
+        g_err = rel_err(g, r)
         assert g_err <= 2 * e_err + floor, (g_err, e_err)
 
 
@@ -345,15 +345,13 @@ def test_cuda_trains_resnet18_channels_last(dtype):
     eager = step(model, model, autocast)
     eager_nhwc = step(nhwc, nhwc, autocast)
     got = step(mine, opt, autocast)
-    floor = 2 * torch.finfo(dtype).eps
+    floor = floor_for(dtype)
     for r, e, g in zip(ref, eager, got):
         # NB: the layout contract of gradients: strides equal where a dim
         # has more than one element (a 1x1 weight's gradient may come back
         # with channels-last strides there, which AccumulateGrad keeps)
         assert g.dtype == e.dtype and same_layout(g, e)
-        scale = r.abs().max().item()
-        e_err = (e.double() - r).abs().max().item() / scale
-        g_err = (g.double() - r).abs().max().item() / scale
+        e_err, g_err = rel_err(e, r), rel_err(g, r)
         assert g_err <= 2 * e_err + floor, (g_err, e_err)
     # running statistics: the same rule against the worse of eager NCHW and
     # eager channels-last.  A batch mean is a sum that cancels, so the TF32
@@ -365,7 +363,6 @@ def test_cuda_trains_resnet18_channels_last(dtype):
         if not r.is_floating_point():
             assert torch.equal(g, e), name  # num_batches_tracked
             continue
-        scale = r.abs().max().item()
-        e_err = max((t.double() - r).abs().max().item() / scale for t in (e, n))
-        g_err = (g.double() - r).abs().max().item() / scale
+        e_err = max(rel_err(t, r) for t in (e, n))
+        g_err = rel_err(g, r)
         assert g_err <= 2 * e_err + floor, (name, g_err, e_err)
