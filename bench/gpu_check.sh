@@ -27,6 +27,9 @@
 #
 # GoogleTest: if none is installed, CMake builds it from .deps/googletest
 # (a copy of /usr/src/googletest), else from /usr/src/googletest if present.
+# cudnn-frontend's headers: the build fetches them from the package registry;
+# a machine without network takes the wheel from .deps/wheels (`pip download
+# --no-deps nvidia-cudnn-frontend==1.16.0 -d .deps/wheels`, and carry it).
 #
 # Exit status: non-zero when the build, a test or a benchmark check failed
 # or a stage ran out of time; later stages still run where they can.

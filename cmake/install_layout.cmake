@@ -38,7 +38,7 @@ endfunction()
 
 # The directories of torch's own RPATH, relative to its lib/
 # ($ORIGIN/../../nvidia/cu13/lib), that hold the CUDA libraries
-# libtorchfuse_ops links too (cuBLASLt, the runtime): where a torch wheel
+# libtorchfuse_ops links too (cuBLASLt, cuDNN, the runtime): where a torch wheel
 # keeps them.
 set(_torchfuse_torch_deps "")
 if(EXISTS "${TORCH_INSTALL_PREFIX}/lib/libtorch_cuda.so")
@@ -46,7 +46,8 @@ if(EXISTS "${TORCH_INSTALL_PREFIX}/lib/libtorch_cuda.so")
   foreach(_entry IN LISTS _rpath _runpath)
     if(_entry MATCHES "^\\$ORIGIN/(.+)$")
       file(GLOB _libs "${TORCH_INSTALL_PREFIX}/lib/${CMAKE_MATCH_1}/libcublasLt.so*"
-                      "${TORCH_INSTALL_PREFIX}/lib/${CMAKE_MATCH_1}/libcudart.so*")
+                      "${TORCH_INSTALL_PREFIX}/lib/${CMAKE_MATCH_1}/libcudart.so*"
+                      "${TORCH_INSTALL_PREFIX}/lib/${CMAKE_MATCH_1}/libcudnn.so*")
       if(_libs)
         list(APPEND _torchfuse_torch_deps "${CMAKE_MATCH_1}")
       endif()

@@ -60,6 +60,19 @@ void ConvOptions::setConversionLookahead(int images) {
   conversion_lookahead_.store(images);
 }
 
+CudnnFusion ConvOptions::cudnnFusion() const noexcept {
+  return static_cast<CudnnFusion>(cudnn_fusion_.load());
+}
+
+void ConvOptions::setCudnnFusion(CudnnFusion fusion) {
+  const int value = static_cast<int>(fusion);
+  TORCH_CHECK(
+      value >= 0 && value <= static_cast<int>(CudnnFusion::kAlways),
+      "torchfuse::backends::ConvOptions::setCudnnFusion: expected kAuto, kNever or kAlways, got ",
+      value);
+  cudnn_fusion_.store(value);
+}
+
 bool MatmulOptions::autotune() const noexcept {
   return autotune_.load();
 }

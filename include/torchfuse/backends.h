@@ -31,6 +31,17 @@ enum class NchwConversion {
              // for tests and measurements
 };
 
+// Whether custom_conv_add_act on CUDA runs its convolution and epilogue as
+// one cuDNN graph (runtime fusion) instead of eager's convolution and one
+// epilogue pass.
+enum class CudnnFusion {
+  kAuto,   // the first call of each problem times cuDNN's fused plans against
+           // the convolution and epilogue, and keeps the fastest
+  kNever,  // never
+  kAlways, // wherever cuDNN has a plan, untimed: forces the strategy, for
+           // tests and measurements
+};
+
 class TORCHFUSE_API ConvOptions {
  public:
   ChannelsLastRoute channelsLastRoute() const noexcept;
@@ -56,12 +67,16 @@ class TORCHFUSE_API ConvOptions {
   int conversionLookahead() const noexcept;
   void setConversionLookahead(int images);
 
+  CudnnFusion cudnnFusion() const noexcept;
+  void setCudnnFusion(CudnnFusion fusion);
+
  private:
   std::atomic<int> channels_last_route_{static_cast<int>(ChannelsLastRoute::kAuto)};
   std::atomic<bool> allow_implicit_gemm_{true};
   std::atomic<bool> allow_direct_{true};
   std::atomic<int> nchw_conversion_{static_cast<int>(NchwConversion::kAuto)};
   std::atomic<int> conversion_lookahead_{0};
+  std::atomic<int> cudnn_fusion_{static_cast<int>(CudnnFusion::kAuto)};
 };
 
 class TORCHFUSE_API MatmulOptions {

@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/common/fastest.h"
 #include "kernels/cublaslt/cublaslt_utils.h"
 
 namespace torchfuse::kernels {
@@ -18,10 +19,9 @@ namespace {
 
 using namespace cublaslt;
 
-// Up to this many heuristic candidates are timed on a key's first use, each
-// once untimed and then in kRounds interleaved rounds (see fastest).
+// Up to this many heuristic candidates are timed on a key's first use
+// (kernels/common/fastest.h).
 constexpr int kMaxCandidates = 8;
-constexpr int kRounds = 5;
 // NB: a bound, not an LRU: models have few distinct GEMMs, and a full cache
 // is simply dropped (plans in use stay alive through their shared_ptr).
 constexpr size_t kMaxPlans = 1024;
@@ -135,71 +135,19 @@ cublasStatus_t launch(
       a.workspace_size, stream);
 }
 
-struct EventDeleter {
-  void operator()(cudaEvent_t e) const noexcept {
-    if (e != nullptr) {
-      cudaEventDestroy(e);
-    }
-  }
-};
-using Event = std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, EventDeleter>;
-
-Event makeEvent() {
-  cudaEvent_t e = nullptr;
-  C10_CUDA_CHECK(cudaEventCreate(&e));
-  return Event(e);
-}
-
-// The index of the fastest of `results`, each run on the call's buffers:
-// outputs are overwritten, inputs only read, and the real call follows.
-// NB: the candidates take turns, kRounds times, and each is judged by its
-// median round.  A GPU that was idle raises its clocks during the first
-// launches; timing each candidate's runs back to back charged that ramp
-// (and any drift) to the candidates timed first, so the pick varied from
-// process to process.  Each candidate also runs once untimed first (lazy
-// kernel loading).  Ties go to the heuristic's order.
+// The fastest of `results` on the call's buffers (kernels/common/fastest.h);
+// a candidate cuBLASLt refuses at launch time is skipped, not fatal.
 int fastest(
     cublasLtHandle_t handle, const Plan& plan,
     const cublasLtMatmulHeuristicResult_t* results, int count, const LtMatmulArgs& a,
     cudaStream_t stream) {
-  std::vector<bool> refused(count, false);
-  for (int i = 0; i < count; ++i) {
-    // NB: a candidate cuBLASLt refuses at launch time is skipped, not fatal.
-    refused[i] = launch(handle, plan, results[i].algo, a, stream) != CUBLAS_STATUS_SUCCESS;
-  }
-  std::vector<Event> events(static_cast<size_t>(count) * kRounds + 1);
-  for (auto& e : events) {
-    e = makeEvent();
-  }
-  C10_CUDA_CHECK(cudaEventRecord(events[0].get(), stream));
-  size_t next = 1;
-  for (int r = 0; r < kRounds; ++r) {
-    for (int i = 0; i < count; ++i) {
-      if (!refused[i]) {
-        refused[i] = launch(handle, plan, results[i].algo, a, stream) != CUBLAS_STATUS_SUCCESS;
-      }
-      C10_CUDA_CHECK(cudaEventRecord(events[next++].get(), stream));
-    }
-  }
-  C10_CUDA_CHECK(cudaEventSynchronize(events.back().get()));
-  int best = 0;
-  float best_ms = std::numeric_limits<float>::infinity();
-  for (int i = 0; i < count; ++i) {
-    if (refused[i]) {
-      continue;
-    }
-    std::array<float, kRounds> ms{};
-    for (int r = 0; r < kRounds; ++r) {
-      const size_t j = static_cast<size_t>(r) * count + i + 1;
-      C10_CUDA_CHECK(cudaEventElapsedTime(&ms[r], events[j - 1].get(), events[j].get()));
-    }
-    std::nth_element(ms.begin(), ms.begin() + kRounds / 2, ms.end());
-    if (ms[kRounds / 2] < best_ms) {
-      best_ms = ms[kRounds / 2];
-      best = i;
-    }
-  }
-  return best;
+  const int best = fastestCandidate(
+      count,
+      [&](int i) {
+        return launch(handle, plan, results[i].algo, a, stream) == CUBLAS_STATUS_SUCCESS;
+      },
+      stream);
+  return best < 0 ? 0 : best;
 }
 
 // Builds the descriptors and picks the algorithm; plan.mutex is held.

@@ -1,4 +1,5 @@
-// custom_conv_add_act on CUDA: eager's own convolution without its bias (the
+// custom_conv_add_act on CUDA: one cuDNN graph where it applies and wins
+// (ops/cuda/conv/cudnn_fusion.h); otherwise eager's own convolution without its bias (the
 // same backend, engine and precision flags as at::conv2d, so results match
 // eager's), then one in-place pass over its output adding the bias,
 // alpha * other and the activation in float, rounded once, where eager
@@ -19,6 +20,7 @@
 #include "ops/common/conv_composites.h"
 #include "ops/conv_add_act.h"
 #include "ops/conv_relu_add.h"
+#include "ops/cuda/conv/cudnn_fusion.h"
 #include "ops/cuda/conv/operands.h"
 #include "ops/cuda/cuda_types.h"
 
@@ -33,18 +35,14 @@ bool fusesOther(const at::Tensor& other, const at::Tensor& out) {
       other.sizes() == out.sizes() && other.strides() == out.strides();
 }
 
-at::Tensor convAddActCuda(const ConvAddActArgs& a) {
-  if (!convAddActHandles(a)) {
-    return convAddActComposite(a);
-  }
-  const auto sizes = checkConvAddActInputs(a);
-  const auto act = parseActivation(a.activation, a.activation_args);
-  if (!conv_cuda::kernelInputs(a.input, a.weight, a.bias)) {
-    return convAddActComposite(a);
-  }
-  c10::cuda::CUDAGuard guard(a.input.device());
+// Eager's convolution, then the epilogue pass (or the composite's
+// pointwise part).
+at::Tensor convThenEpilogue(
+    const ConvAddActArgs& a,
+    const kernels::Activation& act,
+    const at::Tensor& other,
+    at::IntArrayRef sizes) {
   auto out = convolve(a.input, a.weight, std::nullopt, a.stride, a.padding, a.dilation, a.groups);
-  const auto other = otherOf(a);
   const bool nchw = out.is_contiguous();
   const bool fast = out.numel() > 0 && (nchw || isChannelsLast(out)) &&
       (!other.defined() || fusesOther(other, out)) && !outOfPlaceOverAmbiguousLayout(a, act, sizes);
@@ -73,6 +71,22 @@ at::Tensor convAddActCuda(const ConvAddActArgs& a) {
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
+}
+
+at::Tensor convAddActCuda(const ConvAddActArgs& a) {
+  if (!convAddActHandles(a)) {
+    return convAddActComposite(a);
+  }
+  const auto sizes = checkConvAddActInputs(a);
+  const auto act = parseActivation(a.activation, a.activation_args);
+  if (!conv_cuda::kernelInputs(a.input, a.weight, a.bias)) {
+    return convAddActComposite(a);
+  }
+  c10::cuda::CUDAGuard guard(a.input.device());
+  const auto other = otherOf(a);
+  const auto unfused = [&] { return convThenEpilogue(a, act, other, sizes); };
+  auto fused = conv_cuda::convAddActCudnnFused(a, act, other, sizes, unfused);
+  return fused.defined() ? fused : unfused();
 }
 
 } // namespace

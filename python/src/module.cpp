@@ -106,6 +106,7 @@ constexpr std::array<const char*, 2> kConversions = {"auto", "separate"};
 
 void bindBackends(py::module& m) {
   using torchfuse::backends::ChannelsLastRoute;
+  using torchfuse::backends::CudnnFusion;
   using torchfuse::backends::NchwConversion;
   namespace b = torchfuse::backends;
   m.def("_get_conv_channels_last_route", [] {
@@ -126,6 +127,10 @@ void bindBackends(py::module& m) {
   });
   m.def("_get_conv_conversion_lookahead", [] { return b::conv().conversionLookahead(); });
   m.def("_set_conv_conversion_lookahead", [](int v) { b::conv().setConversionLookahead(v); });
+  m.def("_get_conv_cudnn_fusion", [] { return spelling(b::conv().cudnnFusion(), kRoutes); });
+  m.def("_set_conv_cudnn_fusion", [](const std::string& v) {
+    b::conv().setCudnnFusion(parse<CudnnFusion>(v, kRoutes, "cudnn_fusion"));
+  });
   m.def("_get_matmul_autotune", [] { return b::matmul().autotune(); });
   m.def("_set_matmul_autotune", [](bool v) { b::matmul().setAutotune(v); });
 }

@@ -16,12 +16,13 @@ conv = torchfuse.backends.conv
 matmul = torchfuse.backends.matmul
 
 CONV_DEFAULTS = {"channels_last_route": "auto", "allow_implicit_gemm": True, "allow_direct": True,
-                 "nchw_conversion": "auto", "conversion_lookahead": 0}
+                 "nchw_conversion": "auto", "conversion_lookahead": 0, "cudnn_fusion": "auto"}
 CPP_GETTERS = {"channels_last_route": _C._get_conv_channels_last_route,
                "allow_implicit_gemm": _C._get_conv_allow_implicit_gemm,
                "allow_direct": _C._get_conv_allow_direct,
                "nchw_conversion": _C._get_conv_nchw_conversion,
-               "conversion_lookahead": _C._get_conv_conversion_lookahead}
+               "conversion_lookahead": _C._get_conv_conversion_lookahead,
+               "cudnn_fusion": _C._get_conv_cudnn_fusion}
 
 
 @pytest.fixture(autouse=True)
@@ -39,6 +40,7 @@ def test_defaults():
     ("channels_last_route", "never"), ("channels_last_route", "always"),
     ("allow_implicit_gemm", False), ("allow_direct", False),
     ("nchw_conversion", "separate"), ("conversion_lookahead", 1), ("conversion_lookahead", 64),
+    ("cudnn_fusion", "never"), ("cudnn_fusion", "always"),
 ])
 def test_conv_round_trip(name, value):
     """A value set in Python is the C++ option's value, and reads back."""
@@ -76,6 +78,9 @@ def test_matmul_round_trip():
     ("conversion_lookahead", -1, ValueError, "from 1 to 64, got -1"),
     ("conversion_lookahead", "3", TypeError, "got the str '3'"),
     ("conversion_lookahead", True, TypeError, "got the bool True"),
+    ("cudnn_fusion", "on", ValueError,
+     "torchfuse.backends.conv.cudnn_fusion: expected 'auto', 'never' or 'always', got 'on'"),
+    ("cudnn_fusion", False, TypeError, "got the bool False"),
 ])
 def test_conv_rejects(name, value, error, message):
     """A bad value raises, naming the option, and changes nothing."""
@@ -104,7 +109,9 @@ def test_cpp_setters_check_too():
         _C._set_conv_conversion_lookahead(65)
     with pytest.raises(RuntimeError, match='expected channels_last_route to be one of auto, never, always, got "yes"'):
         _C._set_conv_channels_last_route("yes")
-    assert conv.conversion_lookahead == 0 and conv.channels_last_route == "auto"
+    with pytest.raises(RuntimeError, match='expected cudnn_fusion to be one of auto, never, always, got "on"'):
+        _C._set_conv_cudnn_fusion("on")
+    assert conv.conversion_lookahead == 0 and conv.channels_last_route == "auto" and conv.cudnn_fusion == "auto"
 
 
 def test_flags_sets_and_restores():

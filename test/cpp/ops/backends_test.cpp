@@ -14,6 +14,7 @@
 namespace {
 
 using torchfuse::backends::ChannelsLastRoute;
+using torchfuse::backends::CudnnFusion;
 using torchfuse::backends::NchwConversion;
 
 // Restores the options a test changed.
@@ -26,6 +27,7 @@ class BackendsTest : public ::testing::Test {
     conv.setAllowDirect(true);
     conv.setNchwConversion(NchwConversion::kAuto);
     conv.setConversionLookahead(0);
+    conv.setCudnnFusion(CudnnFusion::kAuto);
     torchfuse::backends::matmul().setAutotune(true);
   }
 };
@@ -37,6 +39,7 @@ TEST_F(BackendsTest, Defaults) {
   EXPECT_TRUE(conv.allowDirect());
   EXPECT_EQ(conv.nchwConversion(), NchwConversion::kAuto);
   EXPECT_EQ(conv.conversionLookahead(), 0);
+  EXPECT_EQ(conv.cudnnFusion(), CudnnFusion::kAuto);
   EXPECT_TRUE(torchfuse::backends::matmul().autotune());
 }
 
@@ -46,12 +49,14 @@ TEST_F(BackendsTest, RoundTrip) {
   conv.setAllowImplicitGemm(false);
   conv.setNchwConversion(NchwConversion::kSeparate);
   conv.setConversionLookahead(64);
+  conv.setCudnnFusion(CudnnFusion::kNever);
   torchfuse::backends::matmul().setAutotune(false);
   EXPECT_EQ(torchfuse::backends::conv().channelsLastRoute(), ChannelsLastRoute::kAlways);
   EXPECT_FALSE(conv.allowImplicitGemm());
   EXPECT_TRUE(conv.allowDirect());
   EXPECT_EQ(conv.nchwConversion(), NchwConversion::kSeparate);
   EXPECT_EQ(conv.conversionLookahead(), 64);
+  EXPECT_EQ(conv.cudnnFusion(), CudnnFusion::kNever);
   EXPECT_FALSE(torchfuse::backends::matmul().autotune());
 }
 
@@ -76,6 +81,8 @@ TEST_F(BackendsTest, RejectsOutOfRangeValues) {
   EXPECT_EQ(conv.conversionLookahead(), 5); // unchanged
   EXPECT_THROW(conv.setChannelsLastRoute(static_cast<ChannelsLastRoute>(3)), c10::Error);
   EXPECT_THROW(conv.setNchwConversion(static_cast<NchwConversion>(2)), c10::Error);
+  EXPECT_THROW(conv.setCudnnFusion(static_cast<CudnnFusion>(3)), c10::Error);
+  EXPECT_EQ(conv.cudnnFusion(), CudnnFusion::kAuto); // unchanged
 }
 
 TEST_F(BackendsTest, ReadsRaceWrites) {

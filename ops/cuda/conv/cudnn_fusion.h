@@ -1,0 +1,46 @@
+#pragma once
+
+// custom_conv_add_act on CUDA as one cuDNN graph (kernels/cudnn/conv_fusion.h):
+// the convolution with its bias, residual and activation in the conv kernel's
+// epilogue, where torchfuse::backends::conv().cudnnFusion() allows it and, by
+// default, where it was the faster on the problem's first call.
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+
+#include "kernels/common/activation.h"
+#include "ops/conv_add_act.h"
+
+namespace torchfuse::ops::conv_cuda {
+
+// Whether the graph can compute this call as eager would: a batched 2-d
+// convolution of float32/float16/bfloat16 CUDA tensors, x and w
+// channels-last (so that eager's output is channels-last too), output and
+// input unambiguous in layout (more than one channel and position), `other`
+// absent or of the output's sizes, strides and dtype with alpha 1, an activation the
+// graph expresses with eager's NaN behaviour; cuDNN enabled, and no
+// deterministic-algorithm request (the fused engines do not promise it).
+bool cudnnFusionApplies(
+    const ConvAddActArgs& a,
+    const kernels::Activation& act,
+    const at::Tensor& other,
+    at::IntArrayRef sizes);
+
+// The call's result by the fused graph, or an undefined tensor where the
+// caller is to run `unfused` (its convolution and epilogue): where
+// cudnnFusionApplies is false, the option is kNever, cuDNN has no plan, or
+// `unfused` was the faster when the problem was first timed.  That first
+// call (kAuto) drops the plans whose output differs from `unfused`'s beyond
+// rounding, then times the others against `unfused` on the call's own
+// tensors; not while the stream captures a CUDA graph: then `unfused` runs,
+// and the problem is decided at a later call.  kAlways takes cuDNN's first
+// plan, unchecked and untimed.
+at::Tensor convAddActCudnnFused(
+    const ConvAddActArgs& a,
+    const kernels::Activation& act,
+    const at::Tensor& other,
+    at::IntArrayRef sizes,
+    const std::function<at::Tensor()>& unfused);
+
+} // namespace torchfuse::ops::conv_cuda
