@@ -17,8 +17,10 @@ BertModel, traced with inputs_embeds 32x128x768); a transformer MLP block
 Dropout and stochastic depth are built with p=0.
 
 Modes: eval_fp32, eval_fp16, eval_bf16 (the model and input in that dtype,
-under no_grad) and train_fp32 (forward, then backward of a fixed random
-gradient of every output; parameter gradients reset to None before a step).
+under no_grad) and train_fp32, train_fp16, train_bf16 (forward, then backward
+of a fixed random gradient of every output; parameter gradients reset to None
+before a step; train_fp16/bf16 are autocast's mixed precision: float32
+parameters and input, the forward under torch.autocast of that dtype).
 
 Variants: eager, eager_cl (channels-last model and input), torchscript
 (torch.jit.script; torch.jit.trace for BERT; the default executor, NNC on),
@@ -103,7 +105,7 @@ from benchmark import ROOT, Timer, UnitTimeout, free_memory, git_commit, rel_err
 from report import load, pyplot, save_chart, section_page  # noqa: E402
 
 MODEL_NAMES = ["resnet50", "mobilenet_v3_large", "efficientnet_b0", "vgg16", "bert", "mlp"]
-MODES = ["eval_fp32", "eval_fp16", "eval_bf16", "train_fp32"]
+MODES = ["eval_fp32", "eval_fp16", "eval_bf16", "train_fp32", "train_fp16", "train_bf16"]
 VARIANTS = ["eager", "eager_cl", "torchscript", "freeze", "freeze_cl", "ofi", "compile", "torchfuse", "torchfuse_freeze",
             "torchfuse_compile"]
 EVAL_ONLY = {"freeze", "freeze_cl", "ofi", "torchfuse_freeze"}
@@ -225,8 +227,20 @@ def applicable(spec: Spec, mode: str, variant: str) -> bool:
 
 
 def mode_dtype(mode: str) -> tuple[bool, str, torch.dtype]:
+    """(training, the dtype's name, the dtype of the parameters and input):
+    training keeps float32 ones, its fp16/bf16 modes being autocast's."""
     train_s, dt = mode.split("_")
-    return train_s == "train", dt, DTYPES[dt]
+    train = train_s == "train"
+    return train, dt, torch.float32 if train else DTYPES[dt]
+
+
+def autocast(mode: Optional[str], device: torch.device):
+    """The forward's context in `mode`: torch.autocast for train_fp16/bf16
+    (None: a float64 reference run, never autocast)."""
+    if mode is None:
+        return contextlib.nullcontext()
+    train, dt, _ = mode_dtype(mode)
+    return torch.autocast(device.type, dtype=DTYPES[dt]) if train and dt != "fp32" else contextlib.nullcontext()
 
 
 # ----------------------------------------------------------------- helpers ----
@@ -389,15 +403,17 @@ class ModelBench:
         raise ValueError(v)
 
     # -- references
-    def run_once(self, fn, model: nn.Module, x, gys, train: bool) -> dict:
+    def run_once(self, fn, model: nn.Module, x, gys, train: bool, mode: Optional[str]) -> dict:
         """One step on x: the outputs and, in train mode, the parameter
-        gradients (the variants share `model`'s parameters)."""
+        gradients (the variants share `model`'s parameters); the forward
+        under `mode`'s autocast."""
         if not train:
-            with torch.no_grad():
+            with torch.no_grad(), autocast(mode, self.device):
                 return {"out": [t.detach() for t in tensors(fn(x))], "grads": {}}
         for q in model.parameters():
             q.grad = None
-        outs = tensors(fn(x))
+        with autocast(mode, self.device):
+            outs = tensors(fn(x))
         torch.autograd.backward(outs, gys)
         grads = {n: q.grad for n, q in model.named_parameters() if q.grad is not None}
         for q in model.parameters():
@@ -420,10 +436,10 @@ class ModelBench:
         if train:
             g = torch.Generator(device=self.device)
             g.manual_seed(7)
-            with torch.no_grad():
-                shapes = [t.shape for t in tensors(model(x))]
-            gys = [torch.randn(s, device=self.device, generator=g).to(dtype) for s in shapes]
-        eager = self.to_host(self.run_once(model, model, x, gys, train))
+            with torch.no_grad(), autocast(mode, self.device):
+                outs = [(t.shape, t.dtype) for t in tensors(model(x))]
+            gys = [torch.randn(s, device=self.device, generator=g).to(t) for s, t in outs]
+        eager = self.to_host(self.run_once(model, model, x, gys, train, mode))
         if spec.kind == "bert":
             self.results["models"][spec.name]["attn_implementation"] = getattr(
                 model.bert.config, "_attn_implementation", None)
@@ -431,7 +447,8 @@ class ModelBench:
         free_memory()
         # the same model in float64: the mode's parameters and input, upcast
         m64 = self.seeded_model(spec, mode).double()
-        f64 = self.to_host(self.run_once(m64, m64, x.double(), [g.double() for g in gys] if gys else None, train))
+        f64 = self.to_host(self.run_once(m64, m64, x.double(), [g.double() for g in gys] if gys else None, train,
+                                         None))
         del m64
         free_memory()
         # NB: a gradient that is zero in exact arithmetic (BERT's key bias:
@@ -534,7 +551,9 @@ class ModelBench:
 
         if train:
             def step(x):
-                torch.autograd.backward(tensors(fn(x)), gys)
+                with autocast(mode, self.device):
+                    outs = tensors(fn(x))
+                torch.autograd.backward(outs, gys)
         else:
             def step(x):
                 with torch.no_grad():
@@ -603,7 +622,7 @@ class ModelBench:
         if isinstance(fn, torch.jit.ScriptModule):
             # NB: a forward alone, so that the last executed graph is the
             # forward's (in train mode a backward runs graphs of its own)
-            with torch.no_grad() if not train else contextlib.nullcontext():
+            with torch.no_grad() if not train else contextlib.nullcontext(), autocast(mode, self.device):
                 fn(x0)
             graph = str(torch.jit.last_executed_optimized_graph())
             row["nnc_groups"] = len(re.findall(r"= prim::TensorExprGroup_\d+\(", graph))
@@ -618,7 +637,7 @@ class ModelBench:
             row["fused_ops"] = dict(collections.Counter(re.findall(r"torchfuse::(\w+)", str(fn.inlined_graph))))
 
         # verify, after the warm-up: the optimized graph is what runs
-        mine = self.run_once(fn, model, x0, gys, train)
+        mine = self.run_once(fn, model, x0, gys, train, mode)
         row["errors_vs_eager"] = self.errors(mine, ref.eager)
         row["errors_vs_float64"] = self.errors(mine, ref.f64)
         row["eager_errors_vs_float64"] = ref.info["eager_errors_vs_float64"]

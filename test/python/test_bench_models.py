@@ -274,3 +274,23 @@ def test_batch_norms_get_running_statistics_of_a_random_input(models):
     again = bench.seeded_model(spec, "eval_fp32")
     for a, b in zip(model.state_dict().values(), again.state_dict().values()):
         assert torch.equal(a, b)
+
+
+def test_autocast_training_mode(models, tmp_path):
+    """train_bf16 is autocast's mixed precision: float32 parameters and
+    input, a bfloat16 forward (the MLP's outputs), float32 gradients; the
+    errors against float64 are recorded and within the run's bound."""
+    out = str(tmp_path / "m.json")
+    args = ["--dry-run", "--budget-s", "3000", "--output", out, "--models", "mlp", "--modes", "train_bf16",
+            "--variants", "torchfuse"]
+    assert models.main(args) == 0
+    with open(out) as f:
+        rows = json.load(f)["rows"]
+    assert set(rows) == {f"mlp/train_bf16/{v}" for v in ("eager", "torchscript", "torchfuse")}
+    for row in rows.values():
+        assert not row["wrong"], row["errors_vs_float64"]
+        e, eager = row["errors_vs_float64"], row["eager_errors_vs_float64"]
+        # bfloat16's rounding shows: a float32 forward would be ~1e-7 off
+        assert 1e-4 < eager["out"] < 1e-1 and 0 < e["grad"] < 1e-1
+    assert models.mode_dtype("train_bf16") == (True, "bf16", torch.float32)
+    assert models.mode_dtype("eval_bf16") == (False, "bf16", torch.bfloat16)
