@@ -322,8 +322,9 @@ class ChannelsLastConversion {
   }
 
   // Admits a non-conv op all of whose tensor inputs are region values (at
-  // least one) or layout-neutral constants.
-  bool admitOther(const Node* n) const {
+  // least one), layout-neutral constants or, for a pure elementwise op,
+  // `side` tensors (an If block's fresh contiguous tensors, see admitIf).
+  bool admitOther(const Node* n, const std::unordered_set<const Value*>& side = {}) const {
     if (n->outputs().size() != 1 || !isTensor(n->output())) {
       return false;
     }
@@ -359,31 +360,86 @@ class ChannelsLastConversion {
         reads_region = true;
       } else if (
           mayHoldTensor(v) && !isLayoutNeutralConstant(v) &&
-          !(batch_norm && module_ != nullptr && i >= 1 && i <= 4)) {
+          !(batch_norm && module_ != nullptr && i >= 1 && i <= 4) &&
+          !(side.count(v) > 0 && !batch_norm && !isInPlace(n))) {
         return false;
       }
     }
     return reads_region;
   }
 
+  // A node of an If block that computes apart from the region, as
+  // stochastic depth's noise: it reads region values only for their
+  // metadata (sizes, dtype, device), and the tensors it makes are fresh and
+  // contiguous (aten::empty without a memory format), or in-place updates
+  // of those; its nested blocks are such nodes too.  Its tensors join
+  // `side`.  NB: an elementwise op of a region value and a side tensor
+  // then gives in the original the contiguous result that the restore op
+  // gives where the value leaves the region.
+  bool sideComputation(const Node* m, std::unordered_set<const Value*>& side) const {
+    if (readsOnlyMetadata(m)) {
+      return true;
+    }
+    for (const Value* v : m->inputs()) {
+      if (inRegion(v)) {
+        return false;
+      }
+    }
+    for (const Value* o : m->outputs()) {
+      if (!mayHoldTensor(o)) {
+        continue;
+      }
+      const bool fresh =
+          m->kind() == sym("aten::empty") && m->inputs().size() == 6 && isNoneConstant(m->input(5));
+      const bool updates_side = isInPlace(m) && side.count(m->input(0)) > 0 && isTensor(o);
+      if (!fresh && !updates_side) {
+        return false;
+      }
+    }
+    for (const auto* b : m->blocks()) {
+      for (const Node* inner : b->nodes()) {
+        if (!sideComputation(inner, side)) {
+          return false;
+        }
+      }
+      for (const Value* o : b->outputs()) {
+        if (inRegion(o) || (mayHoldTensor(o) && side.count(o) == 0)) {
+          return false;
+        }
+      }
+    }
+    for (const Value* o : m->outputs()) {
+      if (mayHoldTensor(o)) {
+        side.insert(o);
+      }
+    }
+    return true;
+  }
+
   // Admits an If choosing between region values, each block computing its
   // result with admitted elementwise ops (an unfrozen residual's `if
-  // self.use_res_connect: result += input`).  Its blocks' nodes join the
-  // region before it.
-  bool admitIf(Node* n) {
+  // self.use_res_connect: result += input`), with side computations and
+  // with Ifs admitted in turn (stochastic depth: `if not training: input
+  // else: input * noise`).  Its blocks' admitted nodes, nested ones
+  // included, join `admitted` in graph order, before it.
+  bool admitIf(Node* n, std::vector<Node*>& admitted) {
     if (n->outputs().size() != 1 || !isTensor(n->output())) {
       return false;
     }
     std::vector<Node*> inner;
+    std::unordered_set<const Value*> side;
     bool ok = true;
     for (auto* b : n->blocks()) {
       for (Node* m : b->nodes()) {
-        if (!ok || !admitOther(m)) {
-          ok = false;
+        if (!ok) {
           break;
         }
-        inner.push_back(m);
-        region_.values.insert(m->output());
+        if (admitOther(m, side) || (m->kind() == c10::prim::If && admitIf(m, inner))) {
+          inner.push_back(m);
+          region_.values.insert(m->output());
+        } else if (!sideComputation(m, side)) {
+          ok = false;
+        }
       }
       ok = ok && b->outputs().size() == 1 && inRegion(b->outputs()[0]);
     }
@@ -393,7 +449,7 @@ class ChannelsLastConversion {
       }
       return false;
     }
-    region_.nodes.insert(region_.nodes.end(), inner.begin(), inner.end());
+    admitted.insert(admitted.end(), inner.begin(), inner.end());
     return true;
   }
 
@@ -419,7 +475,7 @@ class ChannelsLastConversion {
         }
         region_.convs.push_back(n);
       } else if (n->kind() == c10::prim::If) {
-        if (!admitIf(n)) {
+        if (!admitIf(n, region_.nodes)) {
           continue;
         }
       } else if (n->kind() == c10::prim::ListConstruct) {
