@@ -31,7 +31,10 @@ Event makeEvent() {
 
 } // namespace
 
-int fastestCandidate(int count, const std::function<bool(int)>& launch, cudaStream_t stream) {
+std::vector<float> medianTimes(
+    int count,
+    const std::function<bool(int)>& launch,
+    cudaStream_t stream) {
   std::vector<bool> refused(count, false);
   for (int i = 0; i < count; ++i) {
     refused[i] = !launch(i);
@@ -51,8 +54,7 @@ int fastestCandidate(int count, const std::function<bool(int)>& launch, cudaStre
     }
   }
   C10_CUDA_CHECK(cudaEventSynchronize(events.back().get()));
-  int best = -1;
-  float best_ms = std::numeric_limits<float>::infinity();
+  std::vector<float> medians(count, std::numeric_limits<float>::infinity());
   for (int i = 0; i < count; ++i) {
     if (refused[i]) {
       continue;
@@ -63,8 +65,17 @@ int fastestCandidate(int count, const std::function<bool(int)>& launch, cudaStre
       C10_CUDA_CHECK(cudaEventElapsedTime(&ms[r], events[j - 1].get(), events[j].get()));
     }
     std::nth_element(ms.begin(), ms.begin() + kRounds / 2, ms.end());
-    if (best < 0 || ms[kRounds / 2] < best_ms) {
-      best_ms = ms[kRounds / 2];
+    medians[i] = ms[kRounds / 2];
+  }
+  return medians;
+}
+
+int fastestCandidate(int count, const std::function<bool(int)>& launch, cudaStream_t stream) {
+  const auto medians = medianTimes(count, launch, stream);
+  int best = -1;
+  for (int i = 0; i < count; ++i) {
+    if (medians[i] < std::numeric_limits<float>::infinity() &&
+        (best < 0 || medians[i] < medians[best])) {
       best = i;
     }
   }

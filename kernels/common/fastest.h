@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 
 #include <functional>
+#include <vector>
 
 namespace torchfuse::kernels {
 
@@ -22,5 +23,12 @@ namespace torchfuse::kernels {
 // kernel loading).  Ties go to the lower index.  Synchronizes with the
 // stream: never call it while the stream captures a CUDA graph.
 int fastestCandidate(int count, const std::function<bool(int)>& launch, cudaStream_t stream);
+
+// Each candidate's median round in milliseconds, timed as fastestCandidate
+// times them; infinity for one that refused.
+std::vector<float> medianTimes(
+    int count,
+    const std::function<bool(int)>& launch,
+    cudaStream_t stream);
 
 } // namespace torchfuse::kernels
