@@ -651,6 +651,17 @@ class ChannelsLastConversion {
     return !written;
   }
 
+  // A region value that its node makes fresh (not an in-place op's or an
+  // If's result, which may share another value's storage) and that one
+  // node reads: after the rewrite only its restore op reads it, so writes
+  // through that reader's aliases (a classifier's in-place dropout on the
+  // flattened exit) reach the restore's result and nothing else, as in the
+  // original they reached the value and nothing else.
+  static bool soleFreshReader(const Value* v) {
+    const Node* n = v->node();
+    return v->uses().size() == 1 && !isInPlace(n) && n->kind() != c10::prim::If;
+  }
+
   // For each region value read outside the region, the top-level node
   // before which its restore op goes: the first that reads it there (or
   // holds a block that does).  nullopt when something at or after that point
@@ -686,7 +697,7 @@ class ChannelsLastConversion {
           forEachNode(b, [&](Node* inner) { written = written || db.writesToAlias(inner, set); });
         }
       }
-      if (written) {
+      if (written && !soleFreshReader(v)) {
         return std::nullopt;
       }
       exits.emplace_back(v, point);

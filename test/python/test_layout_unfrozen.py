@@ -113,6 +113,17 @@ def test_torchvision_training_steps_match_eager(name, kwargs):
     assert_same_training(model, torch.randn(2, 3, 64, 64))
 
 
+def test_in_place_dropout_after_the_region():
+    """mobilenet_v3's classifier runs Dropout(p=0.2, inplace=True) on the
+    flattened pool, the region's exit: the pool's one reader is the restore
+    op, so the write reaches only the restore's result (as in the original
+    only the pool's)."""
+    torch.manual_seed(0)
+    model = torchvision.models.mobilenet_v3_small(weights=None)
+    assert "dropout_" in str(torch.jit.script(model).inlined_graph)
+    assert_same_training(model, torch.randn(2, 3, 64, 64))
+
+
 def test_small_cnn_training_steps_match_eager():
     torch.manual_seed(0)
     assert_same_training(randomize_bn(SmallCnn()), torch.randn(2, 3, 16, 16))
@@ -258,6 +269,23 @@ class ChannelsLastNoise(UnknownOpInABranch):
         return self.c2(y)
 
 
+class RegionReadsAfterAWrite(nn.Module):
+    """exitPoints: a value leaves the region, is written through the exit
+    (a view's in-place op), and a region convolution reads it afterwards:
+    in the original it reads the written values."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3)
+        self.c2 = nn.Conv2d(8, 8, 3)
+
+    def forward(self, x):
+        y = F.relu(self.c1(x))
+        flat = torch.flatten(y, 1)
+        flat.mul_(2)
+        return self.c2(y), flat
+
+
 class ComputedWeight(nn.Module):
     """weightTensor: a weight that is not a module attribute read."""
 
@@ -270,7 +298,7 @@ class ComputedWeight(nn.Module):
 
 
 @pytest.mark.parametrize("cls", [AssignsAnAttribute, RestridesAWeight, UnknownOpInABranch, NoiseReadsTheRegion,
-                                 ChannelsLastNoise, ComputedWeight])
+                                 ChannelsLastNoise, RegionReadsAfterAWrite, ComputedWeight])
 def test_graphs_the_pass_leaves_alone(cls):
     torch.manual_seed(0)
     model = cls().train()
