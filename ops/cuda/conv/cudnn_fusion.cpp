@@ -218,6 +218,9 @@ at::Tensor convAddActCudnnFused(
       static_cast<int64_t>(mode)};
   const auto entry = lookup(key);
   std::lock_guard<std::mutex> lock(entry->mutex);
+  if (entry->decided && entry->plan < 0) {
+    return {}; // decided unfused: no output, handle or workspace to set up
+  }
 
   auto out = at::empty(sizes, x.options().memory_format(at::MemoryFormat::ChannelsLast));
   auto ptrs = ptrs0;
