@@ -14,6 +14,8 @@
 #include <memory>
 #include <type_traits>
 
+#include "kernels/common/problem_cache.h"
+
 #if !defined(CUBLAS_VERSION) || CUBLAS_VERSION < 11000
 #error "torchfuse's cuBLASLt kernels need cuBLAS 11 or newer"
 #endif
@@ -90,15 +92,6 @@ void setAttribute(
       cublasLtMatmulPreferenceSetAttribute(pref.get(), attr, &value, sizeof(T)));
 }
 
-// The largest power of two <= 256 dividing the address (as PyTorch passes
-// to CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*_BYTES).
-inline uint32_t pointerAlignment(const void* ptr) {
-  const auto address = reinterpret_cast<uintptr_t>(ptr);
-  uint32_t alignment = 256;
-  while (alignment > 1 && address % alignment != 0) {
-    alignment /= 2;
-  }
-  return alignment;
-}
+using kernels::pointerAlignment;
 
 } // namespace torchfuse::kernels::cublaslt

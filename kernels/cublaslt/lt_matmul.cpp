@@ -8,10 +8,10 @@
 #include <limits>
 #include <memory>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "kernels/common/fastest.h"
+#include "kernels/common/problem_cache.h"
 #include "kernels/cublaslt/cublaslt_utils.h"
 
 namespace torchfuse::kernels {
@@ -22,10 +22,6 @@ using namespace cublaslt;
 // Up to this many heuristic candidates are timed on a key's first use
 // (kernels/common/fastest.h).
 constexpr int kMaxCandidates = 8;
-// NB: a bound, not an LRU: models have few distinct GEMMs, and a full cache
-// is simply dropped (plans in use stay alive through their shared_ptr).
-constexpr size_t kMaxPlans = 1024;
-
 cudaDataType_t toCudaDataType(GemmDtype d) {
   switch (d) {
     case GemmDtype::kFloat32:
@@ -51,16 +47,6 @@ cublasLtEpilogue_t toCublasLtEpilogue(LtEpilogue e) {
 }
 
 using PlanKey = std::array<int64_t, 22>;
-
-struct PlanKeyHash {
-  size_t operator()(const PlanKey& key) const noexcept {
-    size_t h = 0;
-    for (const int64_t v : key) {
-      h = h * 1000003u ^ std::hash<int64_t>{}(v);
-    }
-    return h;
-  }
-};
 
 PlanKey makeKey(const LtMatmulArgs& a, int device) {
   const bool has_bias = a.epilogue != LtEpilogue::kDefault;
@@ -100,31 +86,6 @@ struct Plan {
   MatrixLayout a, b, c, d;
   cublasLtMatmulAlgo_t algo{};
 };
-
-std::mutex& cacheMutex() {
-  static std::mutex m;
-  return m;
-}
-
-std::unordered_map<PlanKey, std::shared_ptr<Plan>, PlanKeyHash>& cache() {
-  static std::unordered_map<PlanKey, std::shared_ptr<Plan>, PlanKeyHash> c;
-  return c;
-}
-
-std::shared_ptr<Plan> lookup(const PlanKey& key) {
-  std::lock_guard<std::mutex> lock(cacheMutex());
-  auto& plans = cache();
-  auto it = plans.find(key);
-  if (it != plans.end()) {
-    return it->second;
-  }
-  if (plans.size() >= kMaxPlans) {
-    plans.clear();
-  }
-  auto plan = std::make_shared<Plan>();
-  plans.emplace(key, plan);
-  return plan;
-}
 
 cublasStatus_t launch(
     cublasLtHandle_t handle, const Plan& plan, const cublasLtMatmulAlgo_t& algo,
@@ -227,7 +188,7 @@ bool ltMatmul(cublasLtHandle_t handle, const LtMatmulArgs& a, cudaStream_t strea
   TORCH_INTERNAL_ASSERT((a.epilogue == LtEpilogue::kDefault) == (a.bias == nullptr));
   int device = 0;
   C10_CUDA_CHECK(cudaGetDevice(&device));
-  const auto plan = lookup(makeKey(a, device));
+  const auto plan = problemEntry<PlanKey, Plan>(makeKey(a, device));
   std::lock_guard<std::mutex> lock(plan->mutex);
   if (!plan->ready) {
     build(*plan, handle, a, stream);

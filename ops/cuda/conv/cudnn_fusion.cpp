@@ -11,10 +11,10 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "kernels/common/fastest.h"
+#include "kernels/common/problem_cache.h"
 #include "kernels/cudnn/conv_fusion.h"
 #include "torchfuse/backends.h"
 
@@ -30,9 +30,6 @@ constexpr int kMaxPlans = 3;
 // problem timed alone (L2-warm, 5 rounds) is not its cost inside a network,
 // and near-ties taken fused ran mobilenet_v3_large fp16 at 0.97x (H200).
 constexpr double kMargin = 0.03;
-// NB: a bound, not an LRU, as for the cuBLASLt plans: models have few
-// distinct convolutions; a full cache is dropped (entries in use stay alive).
-constexpr size_t kMaxEntries = 1024;
 
 std::optional<kc::FusionDtype> fusionDtype(at::ScalarType t) {
   switch (t) {
@@ -63,15 +60,6 @@ std::array<int64_t, 2> pair(at::IntArrayRef v) {
   return {v[0], v[v.size() - 1]};
 }
 
-int64_t alignment(const void* p) {
-  const auto address = reinterpret_cast<uintptr_t>(p);
-  int64_t a = 1;
-  while (a < 256 && address % (2 * a) == 0) {
-    a *= 2;
-  }
-  return a;
-}
-
 int64_t bits(float f) {
   int32_t i = 0;
   std::memcpy(&i, &f, sizeof(i));
@@ -95,18 +83,6 @@ bool agrees(const at::Tensor& fused, const at::Tensor& unfused) {
   return err <= 8 * ulp * scale;
 }
 
-using Key = std::vector<int64_t>;
-
-struct KeyHash {
-  size_t operator()(const Key& key) const noexcept {
-    size_t h = 0;
-    for (const int64_t v : key) {
-      h = h * 1000003u ^ std::hash<int64_t>{}(v);
-    }
-    return h;
-  }
-};
-
 // One problem's decision: `plan` of `fusion`, or -1 for the unfused path.
 struct Entry {
   std::mutex mutex;
@@ -114,20 +90,6 @@ struct Entry {
   int plan = -1;
   std::unique_ptr<kc::ConvFusion> fusion;
 };
-
-std::shared_ptr<Entry> lookup(const Key& key) {
-  static std::mutex mutex;
-  static std::unordered_map<Key, std::shared_ptr<Entry>, KeyHash> entries;
-  std::lock_guard<std::mutex> lock(mutex);
-  auto it = entries.find(key);
-  if (it != entries.end()) {
-    return it->second;
-  }
-  if (entries.size() >= kMaxEntries) {
-    entries.clear();
-  }
-  return entries.emplace(key, std::make_shared<Entry>()).first->second;
-}
 
 } // namespace
 
@@ -186,7 +148,7 @@ at::Tensor convAddActCudnnFused(
   const kc::ConvFusionPointers ptrs0{
       x.const_data_ptr(), a.weight.const_data_ptr(), has_bias ? bias.const_data_ptr() : nullptr,
       p.has_other ? other.const_data_ptr() : nullptr, nullptr};
-  const Key key{
+  const std::vector<int64_t> key{
       x.get_device(),
       static_cast<int64_t>(p.dtype),
       p.n,
@@ -211,12 +173,12 @@ at::Tensor convAddActCudnnFused(
       static_cast<int64_t>(act.kind),
       bits(act.a),
       bits(act.b),
-      alignment(ptrs0.x),
-      alignment(ptrs0.w),
-      p.has_bias ? alignment(ptrs0.bias) : 0,
-      p.has_other ? alignment(ptrs0.other) : 0,
+      kernels::pointerAlignment(ptrs0.x),
+      kernels::pointerAlignment(ptrs0.w),
+      p.has_bias ? kernels::pointerAlignment(ptrs0.bias) : 0,
+      p.has_other ? kernels::pointerAlignment(ptrs0.other) : 0,
       static_cast<int64_t>(mode)};
-  const auto entry = lookup(key);
+  const auto entry = kernels::problemEntry<std::vector<int64_t>, Entry>(key);
   std::lock_guard<std::mutex> lock(entry->mutex);
   if (entry->decided && entry->plan < 0) {
     return {}; // decided unfused: no output, handle or workspace to set up
