@@ -198,3 +198,28 @@ def test_capture_before_the_choice_runs_unfused():
     d = lambda t: t.double()  # noqa: E731
     assert_close_to_reference(y, want, eager(d(x), d(w), d(b), [1], [1], [1], 1, None, 1, True, "relu"),
                               what="captured")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch", [8, 32])
+def test_auto_in_a_whole_network_is_correct(dtype, batch):
+    """'auto' in resnet50's convolutions: each problem's plans are checked
+    against the unfused path on its first call, so the network stays within
+    2x eager's error against float64 whichever plans win the timing (a plan
+    that left its output partly unwritten once passed that check on an
+    earlier plan's values)."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(batch)
+    model = torchvision.models.resnet50().eval()
+    x = torch.randn(batch, 3, 224, 224)
+    with torch.no_grad():
+        ref = model.double()(x.double())
+        model = model.to("cuda", dtype)
+        xc = x.to("cuda", dtype)
+        want = model(xc)
+        with conv_options.flags(cudnn_fusion="auto"):
+            opt = torchfuse.optimize(torch.jit.script(model), freeze=True)
+            assert torchfuse.report(opt)["conv_add_act"] > 0
+            for _ in range(3):  # the profiling runs, then the optimized graph
+                got = opt(xc)
+    assert_close_to_reference(got, want, ref, what=f"resnet50 {dtype} batch {batch}")
