@@ -180,6 +180,22 @@ def test_auto_keeps_one_choice_and_is_correct(dtype):
     torch.testing.assert_close(again, first, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("allow_tf32", [True, False])
+def test_auto_leaves_float32_unfused_where_cudnn_may_use_tf32(allow_tf32):
+    """autoLeavesTf32ConvUnfused: under 'auto', a float32 problem runs
+    eager's convolution and one epilogue pass while cuDNN may use TF32, and
+    is timed as any other where it may not."""
+    x, w, b = case(torch.float32, cin=64, cout=64, size=28, batch=8, seed=17 + allow_tf32)
+    with conv_options.flags(cudnn_fusion="auto"), tf32_flags(matmul=None, cudnn=allow_tf32):
+        op(x, w, b, [1], [1], [1], 1, None, 1, True, "relu", [])  # the first call, timed where allowed
+        fused = not unfused_ran(lambda: op(x, w, b, [1], [1], [1], 1, None, 1, True, "relu", []))
+        check(x, w, b, [1], [1], [1], 1, None, 1, "relu", f"auto, allow_tf32={allow_tf32}",
+              fused=False if allow_tf32 else fused)
+    with conv_options.flags(cudnn_fusion="always"), tf32_flags(matmul=None, cudnn=True):
+        # the rule is auto's alone: 'always' fuses the same problem
+        check(x, w, b, [1], [1], [1], 1, None, 1, "relu", "always, allow_tf32=True", fused=True)
+
+
 def test_capture_before_the_choice_runs_unfused():
     """A CUDA graph captured on a problem's first call runs the unfused path
     (no timing while capturing) and replays correctly."""

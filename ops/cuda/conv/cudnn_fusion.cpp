@@ -94,6 +94,10 @@ struct Entry {
 
 } // namespace
 
+bool autoLeavesTf32ConvUnfused(at::ScalarType dtype) {
+  return dtype == at::kFloat && at::globalContext().allowTF32CuDNN(at::Float32Op::CONV);
+}
+
 bool cudnnFusionApplies(
     const ConvAddActArgs& a,
     const kernels::Activation& act,
@@ -124,7 +128,8 @@ at::Tensor convAddActCudnnFused(
     at::IntArrayRef sizes,
     const std::function<at::Tensor()>& unfused) {
   const auto mode = backends::conv().cudnnFusion();
-  if (mode == CudnnFusion::kNever || !cudnnFusionApplies(a, act, other, sizes)) {
+  if (mode == CudnnFusion::kNever || !cudnnFusionApplies(a, act, other, sizes) ||
+      (mode == CudnnFusion::kAuto && autoLeavesTf32ConvUnfused(a.input.scalar_type()))) {
     return {};
   }
   const auto& x = a.input;

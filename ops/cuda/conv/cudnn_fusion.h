@@ -27,9 +27,19 @@ bool cudnnFusionApplies(
     const at::Tensor& other,
     at::IntArrayRef sizes);
 
+// Whether kAuto leaves a problem of `dtype` unfused, untimed: float32 where
+// cuDNN may use TF32.  The graph takes IEEE plans only (TF32 plans rounded
+// differently from eager's convolution).  Against eager's TF32 convolution
+// and one epilogue pass, plans that won alone did not reliably win in whole
+// networks: resnet50, vgg16, mobilenet_v3_large and efficientnet_b0 ran at
+// 0.98, 1.00, 0.96 and 0.99x in one run, 1.00, 1.00, 1.03 and 1.08x in an
+// earlier one on another H200 (bench/cudnn_fusion_ab.py).
+bool autoLeavesTf32ConvUnfused(at::ScalarType dtype);
+
 // The call's result by the fused graph, or an undefined tensor where the
 // caller is to run `unfused` (its convolution and epilogue): where
-// cudnnFusionApplies is false, the option is kNever, cuDNN has no plan, or
+// cudnnFusionApplies is false, the option is kNever, kAuto with
+// autoLeavesTf32ConvUnfused, cuDNN has no plan, or
 // `unfused` was the faster when the problem was first timed.  That first
 // call (kAuto) drops the plans whose output differs from `unfused`'s beyond
 // rounding, then times the others against `unfused` on the call's own
