@@ -3,8 +3,9 @@
 //   loop-carried aliases -> Inline (forward, preserved methods) -> forward's
 //   dropouts that are their input removed -> guard again
 //   -> [freeze_module] -> ConstantPropagation -> [the frozen graph
-//   optimizations, where their BatchNorm folding keeps the meaning] -> fuseGraph (Canonicalize,
-//   then the registry's fusions in order, ReplaceRelu last)
+//   optimizations, where their BatchNorm folding keeps the meaning]
+//   -> fuseGraph (zero dropouts removed, Canonicalize, then the registry's
+//   fusions in order, ReplaceRelu last)
 //   -> [FoldResidualConvBias -> ConvertToChannelsLast] -> EliminateDeadCode
 //   -> guards to their persistent form -> outer values read in loop bodies
 //   carried through the loops -> lint
@@ -262,8 +263,12 @@ FusionReport fuseGraph(
   checkPassNames(passes);
   FusionReport counts;
   counts.nodes_before = passes::countNodes(graph->block());
-  passes::Canonicalize(graph);
+  // NB: before Canonicalize, whose RemoveTensorMutation takes a dropout's
+  // result for a fresh tensor: it made `relu_(dropout(x, 0.0, True))` a
+  // functional relu, which the dropout's removal then left reading x, so x
+  // was no longer written as in eager (fuzz seed 20261203 program 92).
   counts.zero_dropouts_removed = passes::RemoveZeroDropouts(graph);
+  passes::Canonicalize(graph);
   counts.attention_masks_dropped = passes::DropAllTrueAttentionMasks(graph);
   for (const auto& f : fusions()) {
     const bool run = passes.empty() ? f.by_default : contains(passes, f.name);

@@ -68,7 +68,7 @@ struct FusionReport {
   int64_t zero_dropouts_removed = 0;
 };
 
-// Runs Canonicalize, RemoveZeroDropouts, DropAllTrueAttentionMasks, then the
+// Runs RemoveZeroDropouts, Canonicalize, DropAllTrueAttentionMasks, then the
 // fusions named in `passes` (empty: those on by default) in the registry's
 // order, then RestoreInPlace, on `graph`, in place.  The graph should be
 // inlined and constant-propagated.  Throws c10::Error for an unknown pass name.

@@ -234,6 +234,18 @@ CASES = [
         v12 = F.relu(v11, inplace=True)
         return v11
 """),
+    # ATen's dropout of p = 0 returns its input itself, so eager's relu_
+    # writes x0.  In the frozen graph p became a constant only at the freeze;
+    # Canonicalize had already made the relu_ of the dropout's (by its schema
+    # fresh) result functional, and RemoveZeroDropouts then left that relu
+    # reading x0, which it no longer wrote.  The dropouts now go first.
+    case("in_place_relu_through_a_zero_dropout_of_a_frozen_attribute", [[3, 3, 5, 5]], 92, {}, """\
+        self.rate21 = 0.0
+    def forward(self, x0):
+        v22 = F.dropout(x0, self.rate21, True)
+        v23 = F.relu(v22, inplace=True)
+        return (v23, x0,)
+"""),
 ]
 
 test_optimize_keeps_meaning = keeps_meaning_test(CASES)
