@@ -3,6 +3,8 @@ convolution and one epilogue pass) against 'auto' (cuDNN's fused plans where the
 alternating rounds of 5 forwards each (CUDA events, 12 rounds, medians), after 4 warm-up calls per setting
 (TorchScript's profiling runs, and 'auto''s first-call timing), the peak memory of a round above what was
 allocated before it, and each setting's error against the model in float64 (eager's own error beside it).
+BatchNorm's running statistics are set from random batches first, as bench/models.py does (with
+torchvision's initial ones the float16 models overflow).
 
     python bench/cudnn_fusion_ab.py --models resnet50,vgg16 --dtypes fp16,bf16 --output ab.json
 
@@ -17,6 +19,7 @@ import torch
 import torchvision.models as tvm
 
 import torchfuse
+from models import calibrate_batch_norms
 
 MODELS = {"resnet50": (tvm.resnet50, 32), "vgg16": (tvm.vgg16, 16),
           "mobilenet_v3_large": (tvm.mobilenet_v3_large, 64), "efficientnet_b0": (tvm.efficientnet_b0, 64)}
@@ -31,7 +34,9 @@ def rel_err(x, ref):
 def measure(name: str, dtype: torch.dtype, rounds: int = 12, per_round: int = 5) -> dict:
     ctor, batch = MODELS[name]
     torch.manual_seed(0)
-    model = ctor().eval().cuda().to(dtype)
+    model = ctor().cuda()
+    calibrate_batch_norms(model, (batch, 3, 224, 224), torch.device("cuda"))
+    model = model.eval().to(dtype)
     x = torch.randn(batch, 3, 224, 224, device="cuda", dtype=dtype)
     with torch.no_grad():
         ref = model.double()(x.double())

@@ -130,6 +130,27 @@ ROUNDOFF = {"fp32": 2.0**-24, "fp16": 2.0**-11, "bf16": 2.0**-8}
 ZERO_GRAD = 1e-9  # see ModelBench.reference
 
 
+def calibrate_batch_norms(model: nn.Module, input_shape, device: torch.device) -> None:
+    """Running statistics of a random input, as a trained model has:
+    with torchvision's initial ones (mean 0, variance 1) an eval-mode
+    mobilenet_v3_large overflows float16 (every variant, eager too, is
+    then 100% off from float64).  Leaves the model in training mode."""
+    bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not bns:
+        return
+    momenta = [bn.momentum for bn in bns]
+    for bn in bns:
+        bn.momentum = None  # a cumulative average
+    model.train()
+    g = torch.Generator(device=device)
+    g.manual_seed(99)
+    with torch.no_grad():
+        for _ in range(CALIBRATION_BATCHES):
+            model(torch.randn(input_shape, device=device, generator=g))
+    for bn, momentum in zip(bns, momenta):
+        bn.momentum = momentum
+
+
 # ------------------------------------------------------------------ models ----
 
 class MLPBlock(nn.Module):
@@ -322,28 +343,8 @@ class ModelBench:
         m = spec.build()
         check_no_dropout(m)
         m = m.to(device=self.device)
-        self.calibrate_batch_norms(spec, m)
+        calibrate_batch_norms(m, spec.input_shape, self.device)
         return m.to(dtype=dtype).train(train)
-
-    def calibrate_batch_norms(self, spec: Spec, model: nn.Module) -> None:
-        """Running statistics of a random input, as a trained model has:
-        with torchvision's initial ones (mean 0, variance 1) an eval-mode
-        mobilenet_v3_large overflows float16 (every variant, eager too, is
-        then 100% off from float64)."""
-        bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-        if not bns:
-            return
-        momenta = [bn.momentum for bn in bns]
-        for bn in bns:
-            bn.momentum = None  # a cumulative average
-        model.train()
-        g = torch.Generator(device=self.device)
-        g.manual_seed(99)
-        with torch.no_grad():
-            for _ in range(CALIBRATION_BATCHES):
-                model(torch.randn(spec.input_shape, device=self.device, generator=g))
-        for bn, momentum in zip(bns, momenta):
-            bn.momentum = momentum
 
     def make_input(self, spec: Spec, dtype: torch.dtype, seed: int) -> torch.Tensor:
         g = torch.Generator(device=self.device)
