@@ -18,7 +18,15 @@
 // result (`F.relu6(F.dropout(x, 0.5, False), inplace=True)`, which writes x
 // in eager) for a write to a dead fresh tensor, and EliminateDeadCode drops
 // it.  Replaced by its input, the write is one to x, which stays.
+// A dropout whose p or train is known only at run time (p a module
+// attribute) may return its input too.  Where its result is written in place,
+// it becomes
+//   %y = prim::If(p == 0 or not train) -> (%x) else -> (dropout(%x, p, train))
+// which AliasDb reads as possibly x, so the write stays (the node alone let
+// EliminateDeadCode drop `F.hardtanh(F.dropout(x, self.p, True),
+// inplace=True)`, a write to x in eager; fuzz seed 20261204 program 1234).
 
+#include <torch/csrc/jit/ir/alias_analysis.h>
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/ir/ir.h>
 
@@ -61,18 +69,63 @@ bool notTraining(const Node* n) {
   return train.has_value() && !*train;
 }
 
+// The out-of-place dropouts (the in-place ones return self by their schema).
+bool isOutOfPlaceDropout(const Node* n) {
+  return isDropout(n) && !n->schema().is_mutable();
+}
+
+// n is the else branch of guardByItsOwnCondition's If already (the pass
+// runs before freezing and again in fuseGraph).
+bool guarded(const Node* n) {
+  const auto* block = n->owningBlock();
+  const auto* owner = block->owningNode();
+  return owner != nullptr && owner->kind() == c10::prim::If && owner->blocks().size() == 2 &&
+      block == owner->blocks()[1] && block->outputs().size() == 1 &&
+      block->outputs()[0] == n->output() && owner->blocks()[0]->outputs().size() == 1 &&
+      owner->blocks()[0]->outputs()[0] == n->input(0);
+}
+
+// n (a dropout that may return its input) as prim::If(p == 0 or not train):
+// its input, else the dropout, moved into the else block.
+void guardByItsOwnCondition(torch::jit::Graph& graph, Node* n) {
+  torch::jit::WithInsertPoint guard(n);
+  Value* zero_p = graph.insert(c10::aten::eq, {n->input(1), 0.0});
+  Value* not_train = graph.insert(c10::aten::__not__, {n->input(2)});
+  Value* cond = graph.insert(c10::aten::__or__, {zero_p, not_train});
+  Node* branch = graph.create(c10::prim::If, {cond}, 1);
+  branch->insertBefore(n);
+  branch->output()->setType(n->output()->type());
+  branch->addBlock()->registerOutput(n->input(0));
+  auto* otherwise = branch->addBlock();
+  n->output()->replaceAllUsesWith(branch->output());
+  n->moveBefore(otherwise->return_node());
+  otherwise->registerOutput(n->output());
+}
+
 } // namespace
 
 int64_t RemoveZeroDropouts(std::shared_ptr<torch::jit::Graph>& graph) {
   std::vector<Node*> zero;
-  forEachNode(graph->block(), [&](Node* n) {
-    if (isDropout(n) && (zeroProbability(n) || notTraining(n))) {
-      zero.push_back(n);
-    }
-  });
+  std::vector<Node*> runtime;
+  {
+    torch::jit::AliasDb db(graph);
+    forEachNode(graph->block(), [&](Node* n) {
+      if (!isDropout(n)) {
+        return;
+      }
+      if (zeroProbability(n) || notTraining(n)) {
+        zero.push_back(n);
+      } else if (isOutOfPlaceDropout(n) && !guarded(n) && db.hasWriters(n->output())) {
+        runtime.push_back(n);
+      }
+    });
+  }
   for (Node* n : zero) {
     n->output()->replaceAllUsesWith(n->input(0));
     n->destroy();
+  }
+  for (Node* n : runtime) {
+    guardByItsOwnCondition(*graph, n);
   }
   return static_cast<int64_t>(zero.size());
 }

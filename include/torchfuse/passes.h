@@ -29,7 +29,10 @@ TORCHFUSE_API int64_t DropAllTrueAttentionMasks(std::shared_ptr<torch::jit::Grap
 // dropout, in-place forms too) of constant probability 0 by their input, as
 // ATen computes them; TorchScript's autodiff would run them as
 // native_dropout, whose CUDA kernel drops some elements even at p = 0.
-// Returns how many.
+// A dropout of run-time p or train whose result is written in place becomes
+// prim::If(p == 0 or not train) of its input or itself, so that the write,
+// one to the input where ATen returns it, is not taken for a dead one.
+// Returns how many were removed.
 TORCHFUSE_API int64_t RemoveZeroDropouts(std::shared_ptr<torch::jit::Graph>& graph);
 
 // linear -> add -> relu  =>  torchfuse::custom_linear_add_relu

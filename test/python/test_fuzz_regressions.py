@@ -246,6 +246,22 @@ CASES = [
         v23 = F.relu(v22, inplace=True)
         return (v23, x0,)
 """),
+    # A dropout whose probability is a module attribute (0 here) returns its
+    # input itself in eager, so hardtanh_ writes x0; its schema promises a
+    # fresh result, so EliminateDeadCode took the unused in-place write for a
+    # dead one and dropped it where optimize rewrote the graph (the
+    # channels-last modes; TorchScript's own optimizing executor drops it
+    # too, the original run unoptimized, the fuzzer's setting, writes x0).
+    # RemoveZeroDropouts now guards such a dropout by its own condition.
+    case("in_place_write_through_a_dropout_of_a_runtime_probability", [[3, 2, 4, 5]], 1234, {}, """\
+        self.conv0 = nn.Conv2d(2, 3, 3, stride=2, padding=1, dilation=2, groups=1, bias=True)
+        self.rate12 = 0.0
+    def forward(self, x0):
+        v1 = self.conv0(x0)
+        v13 = F.dropout(x0, self.rate12, True)
+        v14 = F.hardtanh(v13, 0.0, 6.0, inplace=True)
+        return v1
+"""),
 ]
 
 test_optimize_keeps_meaning = keeps_meaning_test(CASES)

@@ -174,6 +174,45 @@ def test_zero_probability_negative_a_probability_read_from_an_attribute_stays():
     assert torch.count_nonzero(opt(signed(8, 8))) == 0
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_write_through_a_dropout_of_runtime_probability_reaches_its_input(kind):
+    """p known at run time only: ATen returns the input itself at p = 0, so
+    the in-place hardtanh writes x in eager.  The dropout becomes
+    prim::If(p == 0 or not train) of its input or itself, and the write stays
+    one to x (the bare node let EliminateDeadCode drop it as a write to a
+    dead fresh tensor)."""
+    cu = torch.jit.CompilationUnit(f"""
+def write_through(x, p: float, train: bool):
+    y = x * 2
+    torch.nn.functional.hardtanh(torch.{kind}(x, p, train), 0.0, 0.5, inplace=True)
+    return y
+""")
+    graph = cu.write_through.graph.copy()
+    report = torchfuse.fuse_graph(graph)
+    assert report["zero_dropouts_removed"] == 0
+    assert len(graph.findAllNodes("prim::If")) >= 1 and dropouts(graph) == 1, graph
+    torch._C._jit_pass_dce(graph)
+    assert dropouts(graph) == 1, "the write was taken for a dead one"
+    run = torch._C._create_function_from_graph("rewritten", graph)
+    for p, train in ((0.0, True), (0.5, False)):
+        x = signed(4, 6, seed=7) * 3
+        want = x.clone()
+        F.hardtanh(getattr(torch, kind)(want, p, train), 0.0, 0.5, inplace=True)  # eager writes want
+        run(x, p, train)
+        torch.testing.assert_close(x, want, rtol=0, atol=0)
+
+
+def test_runtime_probability_negative_a_dropout_not_written_through_stays_bare():
+    """Only a dropout whose result is written in place gets the guard."""
+    cu = torch.jit.CompilationUnit("""
+def bare(x, p: float, train: bool):
+    return torch.dropout(x, p, train) * 2
+""")
+    graph = cu.bare.graph.copy()
+    torchfuse.fuse_graph(graph)
+    assert graph.findAllNodes("prim::If") == [] and dropouts(graph) == 1, graph
+
+
 def test_a_scripted_nn_dropout_of_zero_goes():
     m = torch.jit.script(nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.0), nn.Tanh()).train())
     opt = torchfuse.optimize(m)
