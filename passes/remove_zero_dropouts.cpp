@@ -30,6 +30,7 @@
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/ir/ir.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "passes/match_filters.h"
@@ -107,18 +108,24 @@ void guardByItsOwnCondition(torch::jit::Graph& graph, Node* n) {
 int64_t RemoveZeroDropouts(std::shared_ptr<torch::jit::Graph>& graph) {
   std::vector<Node*> zero;
   std::vector<Node*> runtime;
-  {
+  forEachNode(graph->block(), [&](Node* n) {
+    if (!isDropout(n)) {
+      return;
+    }
+    if (zeroProbability(n) || notTraining(n)) {
+      zero.push_back(n);
+    } else if (isOutOfPlaceDropout(n) && !guarded(n)) {
+      runtime.push_back(n);
+    }
+  });
+  if (!runtime.empty()) {
+    // NB: the alias analysis only where a run-time dropout exists (most
+    // graphs have none); it sees the graph before any rewrite below.
     torch::jit::AliasDb db(graph);
-    forEachNode(graph->block(), [&](Node* n) {
-      if (!isDropout(n)) {
-        return;
-      }
-      if (zeroProbability(n) || notTraining(n)) {
-        zero.push_back(n);
-      } else if (isOutOfPlaceDropout(n) && !guarded(n) && db.hasWriters(n->output())) {
-        runtime.push_back(n);
-      }
-    });
+    runtime.erase(
+        std::remove_if(
+            runtime.begin(), runtime.end(), [&](Node* n) { return !db.hasWriters(n->output()); }),
+        runtime.end());
   }
   for (Node* n : zero) {
     n->output()->replaceAllUsesWith(n->input(0));
