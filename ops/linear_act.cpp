@@ -1,7 +1,10 @@
-// custom_linear_act: act(linear(input, weight, bias)).
+// custom_linear_act: act(linear(input, weight, bias) [+ residual]).
 //   input (*, in_features), at least 1-D; weight (out_features,
-//   in_features); bias (out_features,) or None.  activation as
-//   custom_conv_add_act takes it: none, relu, hardtanh (min, max), silu,
+//   in_features); bias (out_features,) or None.  other (None: no add),
+//   alpha, promote and other_first spell the residual add as the graph did:
+//   add(y, other, alpha) (promote), y.add_(other, alpha) (!promote, in place
+//   on the fresh linear output y) or add(other, y, alpha) (other_first).
+//   activation as custom_conv_add_act takes it: none, relu, hardtanh (min, max), silu,
 //   hardswish, hardsigmoid, sigmoid, gelu (exact, erf), gelu_tanh,
 //   leaky_relu (slope); a trailing '_' names the in-place spelling.
 //
@@ -24,7 +27,8 @@
 TORCH_LIBRARY_FRAGMENT(torchfuse, m) {
   m.def(
       "custom_linear_act(Tensor input, Tensor weight, Tensor? bias, str activation, "
-      "float[] activation_args) -> Tensor");
+      "float[] activation_args, Tensor? other=None, Scalar alpha=1, bool promote=True, "
+      "bool other_first=False) -> Tensor");
 }
 
 namespace torchfuse {
@@ -35,7 +39,11 @@ using LinearActSignature = at::Tensor(
     const at::Tensor&,
     const std::optional<at::Tensor>&,
     c10::string_view,
-    at::ArrayRef<double>);
+    at::ArrayRef<double>,
+    const std::optional<at::Tensor>&,
+    const at::Scalar&,
+    bool,
+    bool);
 } // namespace
 
 at::Tensor custom_linear_act(
@@ -43,11 +51,16 @@ at::Tensor custom_linear_act(
     const at::Tensor& weight,
     const std::optional<at::Tensor>& bias,
     c10::string_view activation,
-    at::ArrayRef<double> activation_args) {
+    at::ArrayRef<double> activation_args,
+    const std::optional<at::Tensor>& other,
+    const at::Scalar& alpha,
+    bool promote,
+    bool other_first) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("torchfuse::custom_linear_act", "")
                        .typed<LinearActSignature>();
-  return op.call(input, weight, bias, activation, activation_args);
+  return op.call(
+      input, weight, bias, activation, activation_args, other, alpha, promote, other_first);
 }
 
 namespace ops {
@@ -57,6 +70,10 @@ constexpr const char* kOp = "torchfuse::custom_linear_act";
 
 bool hasBias(const std::optional<at::Tensor>& bias) {
   return bias.has_value() && bias->defined();
+}
+
+bool hasOther(const LinearActArgs& a) {
+  return a.other.has_value() && a.other->defined();
 }
 
 bool kernelDtype(at::ScalarType s) {
@@ -91,13 +108,38 @@ void checkLinearActInputs(const LinearActArgs& a) {
         ": expected bias to have weight.size(0) = ", a.weight.size(0), " elements, got ",
         a.bias->size(0));
   }
+  TORCH_CHECK(
+      a.promote || !a.other_first, kOp,
+      ": expected promote=True with other_first=True (the add with the residual first is out "
+      "of place), got promote=False");
+  if (hasOther(a)) {
+    checkSameDevice(kOp, "other", *a.other, a.input);
+    auto out = a.input.sizes().vec();
+    if (a.weight.dim() == 2) {
+      out.back() = a.weight.size(0);
+    } else {
+      out.pop_back();
+    }
+    checkBroadcastable(kOp, *a.other, out);
+    if (!a.promote && !a.other_first) {
+      // NB: add_ writes the linear output: other may not grow it.
+      const auto shape = at::infer_size(a.other->sizes(), out);
+      TORCH_CHECK(
+          at::IntArrayRef(shape) == at::IntArrayRef(out), kOp,
+          ": expected other to broadcast to the linear output's shape ", at::IntArrayRef(out),
+          " (promote=false adds in place), got ", a.other->sizes());
+    }
+  }
 }
 
 bool linearActHandles(const LinearActArgs& a) {
-  const auto& [input, weight, bias, activation, activation_args] = a;
+  const auto& input = a.input;
+  const auto& weight = a.weight;
+  const auto& bias = a.bias;
   const bool has_bias = hasBias(bias);
   if (!input.defined() || !weight.defined() || !isPlainDenseTensor(input) ||
-      !isPlainDenseTensor(weight) || (has_bias && !isPlainDenseTensor(*bias))) {
+      !isPlainDenseTensor(weight) || (has_bias && !isPlainDenseTensor(*bias)) ||
+      (hasOther(a) && !isPlainDenseTensor(*a.other))) {
     return false;
   }
   const auto dtype = input.scalar_type();
@@ -110,7 +152,7 @@ bool linearActHandles(const LinearActArgs& a) {
   }
   // NB: symbolic sizes (tracing) cannot be compared without guards; the Meta
   // kernel checks them.
-  if (anySymbolic({input, weight, orUndefined(bias)})) {
+  if (anySymbolic({input, weight, orUndefined(bias), orUndefined(a.other)})) {
     return true;
   }
   return weight.dim() == 2 && input.dim() >= 1 && input.size(-1) == weight.size(1) &&
@@ -120,17 +162,28 @@ bool linearActHandles(const LinearActArgs& a) {
 at::Tensor linearActComposite(const LinearActArgs& a) {
   // NB: this op's errors, whichever path runs, for the sizes that can be
   // read (symbolic ones are checked by ATen's own meta functions).
-  if (!anySymbolic({a.input, a.weight, orUndefined(a.bias)})) {
+  if (!anySymbolic({a.input, a.weight, orUndefined(a.bias), orUndefined(a.other)})) {
     checkLinearActInputs(a);
   } else {
     linearActActivation(a);
   }
   auto out = at::linear(a.input, a.weight, a.bias);
+  if (hasOther(a)) {
+    if (a.other_first) {
+      out = at::add(*a.other, out, a.alpha);
+    } else if (a.promote) {
+      out = at::add(out, *a.other, a.alpha);
+    } else {
+      out.add_(*a.other, a.alpha);
+    }
+  }
   return applyActivation(out, a.activation, a.activation_args);
 }
 
 at::Tensor linearAct(const LinearActArgs& a) {
-  return custom_linear_act(a.input, a.weight, a.bias, a.activation, a.activation_args);
+  return custom_linear_act(
+      a.input, a.weight, a.bias, a.activation, a.activation_args, a.other, a.alpha, a.promote,
+      a.other_first);
 }
 
 } // namespace ops

@@ -18,6 +18,13 @@ struct LinearActArgs {
   const std::optional<at::Tensor>& bias;
   c10::string_view activation;
   at::ArrayRef<double> activation_args;
+  // The residual: none, or y + alpha * other (add, promote), y.add_(other,
+  // alpha) (add_ into the fresh linear output y, !promote), other + alpha * y
+  // (add with the residual first, other_first).
+  const std::optional<at::Tensor>& other;
+  const at::Scalar& alpha;
+  bool promote;
+  bool other_first;
 };
 
 template <auto F>
@@ -26,8 +33,13 @@ at::Tensor linearActKernel(
     const at::Tensor& weight,
     const std::optional<at::Tensor>& bias,
     c10::string_view activation,
-    at::ArrayRef<double> activation_args) {
-  return F(LinearActArgs{input, weight, bias, activation, activation_args});
+    at::ArrayRef<double> activation_args,
+    const std::optional<at::Tensor>& other,
+    const at::Scalar& alpha,
+    bool promote,
+    bool other_first) {
+  return F(LinearActArgs{
+      input, weight, bias, activation, activation_args, other, alpha, promote, other_first});
 }
 
 // Registers one dispatch key's kernel for custom_linear_act.
@@ -43,7 +55,8 @@ kernels::Activation linearActActivation(const LinearActArgs& a);
 // Checks every argument with torchfuse's messages, only for inputs that
 // aten::linear rejects too (missing tensors, a 0-D input, a weight of rank
 // 0 or > 2, in_features, dtype or device mismatches, a 1-D bias of the
-// wrong length), and the activation.
+// wrong length) or the add does (an `other` that does not broadcast, or
+// would grow the linear output that add_ writes), and the activation.
 void checkLinearActInputs(const LinearActArgs& a);
 
 // True when the op's own kernels take these inputs: dense strided,
@@ -53,9 +66,10 @@ void checkLinearActInputs(const LinearActArgs& a);
 // results and errors).
 bool linearActHandles(const LinearActArgs& a);
 
-// The original chain as ATen ops, act(linear(input, weight, bias)), the
-// activation in the spelling named (in place on the fresh linear output for
-// "relu_"), after checkLinearActInputs: the numerical oracle (the CPU
+// The original chain as ATen ops, act(linear(input, weight, bias) [+ the
+// residual, as LinearActArgs spells it]), the activation in the spelling
+// named (in place on the fresh result for "relu_"), after
+// checkLinearActInputs: the numerical oracle (the CPU
 // kernel), the Meta kernel, the Autograd kernel's recording path, and every
 // fallback.
 at::Tensor linearActComposite(const LinearActArgs& a);

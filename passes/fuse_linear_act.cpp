@@ -1,8 +1,11 @@
-// FuseLinearAct: out = act(linear(x, W, b))
-//   => torchfuse::custom_linear_act(x, W, b, activation, activation_args)
+// FuseLinearAct: out = act(linear(x, W, b) [+ residual])
+//   => torchfuse::custom_linear_act(x, W, b, activation, activation_args
+//        [, other, alpha, promote, other_first])
 //
 // Matched forms (after Inline + ConstantPropagation + Canonicalize, any
-// block):
+// block), longest first:
+//   linear -> add/add_ -> act   the residual of an MLP block, then act
+//   linear -> add/add_          a transformer block's `x + mlp(x)`
 //   linear -> act          bias None, a Tensor or a Tensor?
 //   matmul(x, Wt) -> act   what optimize_for_inference's FrozenLinearTranspose
 //                          leaves of a linear without bias: Wt = Wᵀ stored as
@@ -12,8 +15,15 @@
 // 6)), hardtanh, silu, hardswish, hardsigmoid, sigmoid, gelu ('none' or
 // 'tanh'), leaky_relu, with constant scalar arguments
 // (activationArgumentsAreConstant).
+// add is add.Tensor with any alpha: add(y, other) (promote), y.add_(other)
+// into the fresh linear output (!promote), or add(other, y) (other_first;
+// the op computes it as the graph spells it, so the result keeps the
+// strides add gives it from `other`).  other.add_(y) writes `other`: not
+// matched (notInPlaceOnLiveTensor).
 // Excluded: a linear with nothing fused after it (no pass to save); linear
 // -> add -> relu, which FuseLinearAddRelu takes first (passes/registry.cpp);
+// linear -> add whose sum a layer_norm reads (sumIsLayerNormed: BERT's
+// dense -> add -> LayerNorm stays FuseAddLayerNorm's, measured there);
 // chains whose intermediates have other uses (returned ones included); an
 // in-place activation on a tensor live elsewhere; activations with runtime
 // arguments (an unfrozen module attribute) or a gelu `approximate` that is
@@ -52,6 +62,7 @@ bool matmulWeightIsConstantMatrix(const Node* matmul) {
 
 const Link kLinear = {[](const Node* n) { return isLinear(n); }, {}};
 const Link kMatmul = {[](const Node* n) { return isMatmul(n); }, {}};
+const Link kAdd = {[](const Node* n) { return isTensorAdd(n); }, {0, 1}};
 const Link kAct = {[](const Node* n) { return isFusableActivation(n); }, {0}};
 
 std::vector<Value*> activationInputs(const Chain& c, torch::jit::Graph& graph) {
@@ -59,16 +70,61 @@ std::vector<Value*> activationInputs(const Chain& c, torch::jit::Graph& graph) {
   return {graph.insertConstant(spec.name), graph.insertConstant(spec.args)};
 }
 
-int64_t fuseLinear(std::shared_ptr<torch::jit::Graph>& graph) {
+// The op's residual arguments where there is none: other None, alpha 1,
+// promote, not other_first (the schema's defaults; the node takes every
+// argument).
+void appendNoResidual(std::vector<Value*>& inputs, torch::jit::Graph& g) {
+  inputs.push_back(g.insertConstant(c10::IValue()));
+  inputs.push_back(g.insertConstant(1));
+  inputs.push_back(g.insertConstant(true));
+  inputs.push_back(g.insertConstant(false));
+}
+
+// The sum of link k has a layer_norm reader: FuseAddLayerNorm's chain.
+bool sumIsLayerNormed(const Chain& c, size_t k) {
+  for (const auto& use : c.nodes.at(k)->output()->uses()) {
+    if (isLayerNorm(use.user) && use.offset == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The form linear [-> add at link `add`] [-> act at link `act`]; 0: absent.
+int64_t fuseLinear(std::shared_ptr<torch::jit::Graph>& graph, size_t add, size_t act) {
+  std::vector<Link> links = {kLinear};
+  if (add > 0) {
+    links.push_back(kAdd);
+  }
+  if (act > 0) {
+    links.push_back(kAct);
+  }
   return fuseChains(
-      graph, {kLinear, kAct}, kOp,
-      [](const Chain& c, const AliasDb&) { return activationArgumentsAreConstant(c.tail()); },
-      [](const Chain& c) {
+      graph, links, kOp,
+      [&](const Chain& c, const AliasDb&) {
+        const bool add_ok = add == 0 ||
+            ((chainIsAddSelf(c, add) || addPromotes(c.nodes[add])) && !sumIsLayerNormed(c, add));
+        return add_ok && (act == 0 || activationArgumentsAreConstant(c.nodes[act]));
+      },
+      [&](const Chain& c) {
         Node* linear = c.head();
+        auto& g = *linear->owningGraph();
         torch::jit::WithInsertPoint guard(c.tail());
         std::vector<Value*> inputs = {linear->input(0), linear->input(1), linear->input(2)};
-        for (Value* v : activationInputs(c, *linear->owningGraph())) {
-          inputs.push_back(v);
+        ActivationSpec spec{"none", {}};
+        if (act > 0) {
+          spec = *activationSpec(c.nodes[act]);
+        }
+        inputs.push_back(g.insertConstant(spec.name));
+        inputs.push_back(g.insertConstant(spec.args));
+        if (add > 0) {
+          Node* n = c.nodes[add];
+          inputs.push_back(c.otherOperand(add));
+          inputs.push_back(n->input(2));
+          inputs.push_back(g.insertConstant(addPromotes(n)));
+          inputs.push_back(g.insertConstant(!chainIsAddSelf(c, add)));
+        } else {
+          appendNoResidual(inputs, g);
         }
         return inputs;
       });
@@ -92,6 +148,7 @@ int64_t fuseMatmul(std::shared_ptr<torch::jit::Graph>& graph) {
         for (Value* v : activationInputs(c, g)) {
           inputs.push_back(v);
         }
+        appendNoResidual(inputs, g);
         return inputs;
       });
 }
@@ -99,7 +156,9 @@ int64_t fuseMatmul(std::shared_ptr<torch::jit::Graph>& graph) {
 } // namespace
 
 int64_t FuseLinearAct(std::shared_ptr<torch::jit::Graph>& graph) {
-  int64_t fused = fuseLinear(graph);
+  int64_t fused = fuseLinear(graph, 1, 2);
+  fused += fuseLinear(graph, 1, 0);
+  fused += fuseLinear(graph, 0, 1);
   fused += fuseMatmul(graph);
   GRAPH_DUMP("After FuseLinearAct", graph);
   return fused;

@@ -55,9 +55,10 @@ const std::vector<Fusion>& fusions() {
        {"torchfuse::custom_conv_batch_norm_act"},
        &passes::FuseConvBatchNormAct,
        true},
-      // NB: after linear_add_relu, which keeps linear -> add -> relu.
+      // NB: after linear_add_relu, which keeps linear -> add -> relu; it
+      // leaves add -> layer_norm to add_layer_norm (sumIsLayerNormed).
       {"linear_act",
-       "linear → activation (also a constant-weight matmul → activation)",
+       "linear → [add] → activation, linear → add (also a constant-weight matmul → activation)",
        {"torchfuse::custom_linear_act"},
        &passes::FuseLinearAct,
        true},

@@ -76,14 +76,21 @@ TORCHFUSE_API at::Tensor custom_conv_act_max_pool(
     at::IntArrayRef pool_dilation,
     bool ceil_mode);
 
-// act(linear(input, weight, bias)); activation as custom_conv_add_act's
-// ("relu_" and the like: the in-place spelling).
+// act(linear(input, weight, bias) [+ residual]); activation as
+// custom_conv_add_act's ("relu_" and the like: the in-place spelling).  The
+// residual, where `other` is given: y + alpha * other (promote), y.add_(other,
+// alpha) into the linear output y (!promote), or other + alpha * y
+// (other_first).
 TORCHFUSE_API at::Tensor custom_linear_act(
     const at::Tensor& input,
     const at::Tensor& weight,
     const std::optional<at::Tensor>& bias,
     c10::string_view activation,
-    at::ArrayRef<double> activation_args);
+    at::ArrayRef<double> activation_args,
+    const std::optional<at::Tensor>& other = std::nullopt,
+    const at::Scalar& alpha = 1,
+    bool promote = true,
+    bool other_first = false);
 
 // s = input + alpha * other (add's promoted dtype when promote, else
 // input's, as add_ into input); returns (layer_norm(s, normalized_shape,

@@ -10,8 +10,9 @@ namespace {
 
 // The original chain under autocast: linear in the lower-precision dtype
 // (input, weight and bias cast, by TorchScript's autocast pass where it runs
-// and by eager autocast), then the activation on its result, which neither
-// casts: the op in the lower-precision dtype.
+// and by eager autocast), then the residual add and the activation, which
+// neither casts: the op with `other` as it is (add promotes with it, add_
+// keeps the linear output's dtype).
 template <c10::DeviceType device>
 at::Tensor linearActAutocast(const LinearActArgs& a) {
   const ChainAutocast casts(device);
@@ -19,7 +20,8 @@ at::Tensor linearActAutocast(const LinearActArgs& a) {
   const auto x = casts.reduced(a.input);
   const auto w = casts.reduced(a.weight);
   const auto b = casts.reduced(a.bias);
-  return linearAct({x, w, b, a.activation, a.activation_args});
+  return linearAct(
+      {x, w, b, a.activation, a.activation_args, a.other, a.alpha, a.promote, a.other_first});
 }
 
 } // namespace

@@ -12,7 +12,7 @@ namespace torchfuse::ops {
 namespace {
 
 at::Tensor linearActAutograd(const LinearActArgs& a) {
-  if (!linearActHandles(a) || needsGraph(a.input, a.weight, a.bias)) {
+  if (!linearActHandles(a) || needsGraph(a.input, a.weight, a.bias, a.other)) {
     return linearActComposite(a);
   }
   at::AutoDispatchBelowADInplaceOrView guard;

@@ -19,6 +19,16 @@
 // The activation is our own pass, never a cuBLASLt epilogue: RELU maps NaN
 // to 0 where torch.relu keeps it, and GELU is the tanh approximation.
 //
+// The residual (`other` of the linear output's sizes, contiguous, of its
+// dtype) enters the GEMM as C: D = x·Wᵀ + bias + beta·C, the bias in the
+// BIAS epilogue for every dtype, so the sum is rounded once where eager
+// rounds the linear output and then the sum.  beta = alpha for y + alpha ·
+// other; for other + alpha · y only alpha = 1, where the two are the same
+// sum.  NB: alpha = 0 is the composite's: with beta = 0 cuBLASLt does not
+// read C, so NaN or Inf in `other` would not reach the output as 0 · other
+// does in eager.  Any other residual (broadcast, another dtype, strided)
+// runs the composite.
+//
 // Anything else (float64, a non-contiguous input or weight, empty sizes,
 // torch's fp16-accumulation flag, no cuBLASLt algorithm) runs the
 // composite.  The result has linear's sizes and strides: a view of a
@@ -29,6 +39,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <algorithm>
+
 #include "kernels/conv/add_act_epilogue.cuh"
 #include "ops/cuda/cuda_types.h"
 #include "ops/cuda/linear_gemm_context.h"
@@ -36,6 +48,22 @@
 
 namespace torchfuse::ops {
 namespace {
+
+// No residual, or one the GEMM takes as C (see the file's comment).
+bool residualTakenAsC(const LinearActArgs& a, int64_t m, int64_t n) {
+  if (!a.other.has_value() || !a.other->defined()) {
+    return true;
+  }
+  const auto& other = *a.other;
+  if (a.alpha.isComplex() || a.alpha.isBoolean()) {
+    return false;
+  }
+  const double alpha = a.alpha.toDouble();
+  return other.scalar_type() == a.input.scalar_type() && other.is_contiguous() &&
+      other.numel() == m * n && other.dim() >= 1 && other.size(-1) == n &&
+      other.dim() == a.input.dim() && alpha != 0.0 && (!a.other_first || alpha == 1.0) &&
+      std::equal(other.sizes().begin(), other.sizes().end() - 1, a.input.sizes().begin());
+}
 
 at::Tensor linearActCuda(const LinearActArgs& a) {
   if (!linearActHandles(a)) {
@@ -53,13 +81,14 @@ at::Tensor linearActCuda(const LinearActArgs& a) {
   const bool fast = dtype.has_value() && !atenAccumulatesInHalf(*dtype) && m > 0 && n > 0 &&
       k > 0 && input.is_contiguous() && weight.is_contiguous() &&
       (!has_bias || a.bias->is_contiguous());
-  if (!fast) {
+  if (!fast || !residualTakenAsC(a, m, n)) {
     return linearActComposite(a);
   }
 
   c10::cuda::CUDAGuard guard(input.device());
   auto y = at::empty({m, n}, input.options());
-  const bool bias_in_gemm = has_bias && *dtype != kernels::GemmDtype::kFloat32;
+  const bool has_other = a.other.has_value() && a.other->defined();
+  const bool bias_in_gemm = has_bias && (has_other || *dtype != kernels::GemmDtype::kFloat32);
   kernels::LinearForwardArgs f{};
   f.m = m;
   f.n = n;
@@ -71,6 +100,11 @@ at::Tensor linearActCuda(const LinearActArgs& a) {
   if (bias_in_gemm) {
     f.bias = a.bias->const_data_ptr();
     f.bias_fp32 = false;
+  }
+  if (has_other) {
+    f.c = a.other->const_data_ptr();
+    f.ldc = n;
+    f.beta = static_cast<float>(a.alpha.toDouble());
   }
   f.y = y.mutable_data_ptr();
   f.ldy = n;

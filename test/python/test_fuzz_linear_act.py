@@ -1,5 +1,6 @@
-"""The fuzzer's linear_act vocabulary: the programs draw linear -> act
-chains (and their near-misses), and the checked programs fuse some."""
+"""The fuzzer's linear_act vocabulary: the programs draw linear -> [add ->]
+act and linear -> add chains (and their near-misses), and the checked
+programs fuse some."""
 
 import os
 import re
@@ -14,6 +15,9 @@ SPELLINGS = {
     "module linear -> act": r"(v\d+) = self\.fc\d+\(.*\n\s+v\d+ = " + ACT + r"\1\b",
     "functional linear -> act": r"(v\d+) = F\.linear\(.*\n\s+v\d+ = " + ACT + r"\1\b",
     "linear -> gelu": r"(v\d+) = (self\.fc\d+\(|F\.linear\().*\n\s+v\d+ = F\.gelu\(\1\b",
+    "linear -> add": r"(v\d+) = (self\.fc\d+\(|F\.linear\().*\n\s+v\d+ = (\1 \+ |torch\.add\(\1,|\1\.add_\()",
+    "linear -> add, residual first": r"(v\d+) = (self\.fc\d+\(|F\.linear\().*\n\s+v\d+ = (\w+) \+ \1\b",
+    "linear -> add -> act": r"(v\d+) = (self\.fc\d+\(|F\.linear\().*\n\s+(v\d+) = \1 \+ .*\n\s+v\d+ = " + ACT + r"\3\b",
 }
 
 

@@ -188,10 +188,13 @@ def test_linear_add_relu(kwargs, dtype):
     torch.manual_seed(0)
     ref, src = _twin(LinearAddRelu(**kwargs), dtype)
     opt = _optimize(src)
-    # chainIsAddSelf: `r + linear` keeps r's strides in eager; not fused
+    # chainIsAddSelf: `r + linear` keeps r's strides in eager; not the seed
+    # op's chain, custom_linear_act takes it with the residual first
     fused = not kwargs.get("swap")
-    FileCheck().check("torchfuse::custom_linear_add_relu" if fused else "aten::linear").run(opt.graph)
+    FileCheck().check("torchfuse::custom_linear_add_relu" if fused else "torchfuse::custom_linear_act").run(
+        opt.graph)
     assert torchfuse.report(opt)["linear_add_relu"] == int(fused)
+    assert torchfuse.report(opt)["linear_act"] == int(not fused)
     x, r = torch.randn(5, 4, dtype=dtype), torch.randn(5, 3, dtype=dtype)
     _check_same(ref, opt, [x, r])
 
@@ -208,12 +211,14 @@ class InPlaceAddRelu(nn.Module):
 
 
 def test_inplace_add_keeps_its_dtype_and_is_not_fused():
-    # addPromotes: `y += r` keeps y's dtype where `y + r` (and the fused op)
-    # would promote to r's.
+    # addPromotes: `y += r` keeps y's dtype where `y + r` (and the seed op)
+    # would promote to r's; custom_linear_act takes it as add_ (promote
+    # false), which keeps it.
     torch.manual_seed(0)
     ref, src = _twin(InPlaceAddRelu(), torch.float32)
     opt = _optimize(src)
-    FileCheck().check_not("torchfuse::custom_linear_add_relu").check("aten::add_").run(opt.graph)
+    FileCheck().check_not("torchfuse::custom_linear_add_relu").check("torchfuse::custom_linear_act").run(
+        opt.graph)
     x, r = torch.randn(5, 4), torch.randn(5, 3, dtype=torch.float64)
     out = opt(x, r)
     assert out.dtype == ref(x, r).dtype == torch.float32

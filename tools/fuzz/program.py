@@ -140,6 +140,7 @@ class Generator:
         # modules by what they accept, for the exported method to call.
         self.tie_rng = tie_rng
         self.bn_rng: Optional[random.Random] = None  # conv -> batch_norm draws (generate sets it)
+        self.residual_rng: Optional[random.Random] = None  # linear -> add draws (generate sets it)
         self.tie_p = tie_rng.choice([0.0, 0.0, 0.35, 0.7]) if tie_rng else 0.0
         self.reuse_p = 0.0  # chance of reading an existing tensor again (exported method)
         self.tensors_by: Dict[Tuple[str, Shape], List[str]] = collections.defaultdict(list)
@@ -504,13 +505,28 @@ class Generator:
         features) inputs, the activations and spellings conv_add_act's
         vocabulary draws (activation(): their near-misses included), and the
         near-misses of a chain: the linear output used twice (extra_use), an
-        input written in between (maybe_interfere), a linear alone."""
+        input written in between (maybe_interfere), a linear alone.  The
+        residual forms linear -> add [-> act] (a transformer block's
+        `x + mlp(x)`: the chain's input itself where shapes allow) in add()'s
+        spellings and operand orders, drawn from their own random stream."""
         def build(x):
             y = self.linear(x, out_features=x.shape[-1] if self.chance(0.4) else None)
             if self.chance(0.05):
                 return y
             self.extra_use(y)
             self.maybe_interfere([x.name])
+            if self.residual_rng is not None and self.residual_rng.random() < 0.4:
+                # NB: its own random stream, so the programs drawn before it
+                # existed stay the same where it draws no add
+                self.rng, main = self.residual_rng, self.rng
+                residual = x if x.shape == y.shape and self.chance(0.5) else None
+                y = self.add(y, fresh=True, residual=residual)
+                alone = self.chance(0.4)
+                if not alone:
+                    self.extra_use(y)
+                self.rng = main
+                if alone:
+                    return y
             return self.activation(y, fresh=True)
 
         return self.chain(build)
@@ -947,6 +963,7 @@ def generate(seed: int, index: int, features: Sequence[str] = tuple(FEATURES)) -
     rng = random.Random(f"{seed}:{index}")
     g = Generator(rng, random.Random(f"{seed}:{index}:tied") if "tied" in features else None)
     g.bn_rng = random.Random(f"{seed}:{index}:conv_batch_norm")
+    g.residual_rng = random.Random(f"{seed}:{index}:linear_add")
     family = rng.choice(["dense", "seq", "image"])
     n = rng.choice([BATCH, BATCH, 3])
     if family == "dense":

@@ -47,6 +47,30 @@ TEST(LinearActOp, GradientsMatchTheChain) {
       });
 }
 
+// The residual through the C++ API, in each spelling, with its gradients.
+TEST(LinearActOp, ResidualGradientsMatchTheChain) {
+  torch::manual_seed(2);
+  struct Form {
+    bool promote, other_first;
+  };
+  for (const auto form : {Form{true, false}, Form{false, false}, Form{true, true}}) {
+    expectMatchesReference(
+        {randSigned({2, 3, 5}, at::kDouble), randSigned({4, 5}, at::kDouble),
+         randSigned({4}, at::kDouble), randSigned({2, 3, 4}, at::kDouble)},
+        [&](const std::vector<at::Tensor>& t) {
+          return custom_linear_act(
+              t[0], t[1], t[2], "silu", {}, t[3], 0.5, form.promote, form.other_first);
+        },
+        [&](const std::vector<at::Tensor>& t) {
+          auto y = at::linear(t[0], t[1], t[2]);
+          y = form.other_first ? at::add(t[3], y, 0.5)
+              : form.promote   ? at::add(y, t[3], 0.5)
+                               : y.add_(t[3], 0.5);
+          return at::silu(y);
+        });
+  }
+}
+
 TEST(LinearActOp, RejectsBadArgumentsByName) {
   const auto x = randSigned({3, 4}, at::kFloat);
   const auto w = randSigned({5, 4}, at::kFloat);

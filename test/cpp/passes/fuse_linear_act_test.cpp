@@ -1,3 +1,6 @@
+#include <array>
+#include <utility>
+
 #include "test/cpp/passes/pass_test_utils.h"
 #include "torchfuse/passes.h"
 
@@ -73,9 +76,32 @@ const Variant kVariants[] = {
      false,
      {{kAct, "%o : Tensor = aten::relu_(%l)\n  %z : Tensor = aten::add(%l, %y, %one)"},
       {"return (%o)", "return (%z)"}}},
-    {"SkipsLinearAddRelu", // the seed chain's: FuseLinearAddRelu runs first
-     false,
+    // NB: in the pipeline FuseLinearAddRelu runs first and keeps the seed
+    // chain (passes/registry.cpp); run alone, this pass takes it too.
+    {"FusesLinearAddReluRunAlone",
+     true,
      {{kAct, "%a : Tensor = aten::add(%l, %y, %one)\n  %o : Tensor = aten::relu(%a)"}}},
+    {"FusesLinearAddGelu",
+     true,
+     {{kAct, "%a : Tensor = aten::add(%l, %y, %one)\n  %o : Tensor = aten::gelu(%a, %none)"}}},
+    {"FusesLinearAdd", true, {{kAct, "%o : Tensor = aten::add(%l, %y, %one)"}}},
+    {"FusesLinearAddWithTheResidualFirst", true, {{kAct, "%o : Tensor = aten::add(%y, %l, %one)"}}},
+    {"FusesAnAddIntoTheLinearOutput", true, {{kAct, "%o : Tensor = aten::add_(%l, %y, %hi)"}}},
+    {"LeavesAnAddIntoTheResidual", // notInPlaceOnLiveTensor
+     false,
+     {{kAct, "%o : Tensor = aten::add_(%y, %l, %one)"}}},
+    {"LeavesASumThatALayerNormReads", // sumIsLayerNormed: FuseAddLayerNorm's
+     false,
+     {{kAct,
+       "%o0 : Tensor = aten::add(%l, %y, %one)\n"
+       "  %shape : int[] = prim::ListConstruct(%one)\n"
+       "  %eps : float = prim::Constant[value=1.0000000000000001e-05]()\n"
+       "  %f : bool = prim::Constant[value=0]()\n"
+       "  %nn : NoneType = prim::Constant()\n"
+       "  %o : Tensor = aten::layer_norm(%o0, %shape, %nn, %nn, %eps, %f)"}}},
+    {"SkipsALinearOutputAlsoReadBesideTheAdd", // hasSingleUse
+     false,
+     {{kAct, "%o : Tensor = aten::add(%l, %y, %one)"}, {"return (%o)", "return (%o, %l)"}}},
 };
 
 TORCHFUSE_VARIANT_TESTS(FuseLinearAct, LinearActVariant, kVariants, chain(), run, expectFused);
@@ -89,6 +115,33 @@ TEST(FuseLinearAct, WritesTheOpsArguments) {
       ->check("prim::Constant[value=[0., 6.]]()")
       ->check("torchfuse::custom_linear_act(%x, %w, %b, ")
       ->run(*graph);
+}
+
+// The residual's arguments as the graph spelled the add: other, alpha,
+// promote (add, not add_), other_first (the residual as add's self).
+TEST(FuseLinearAct, WritesTheResidualsArguments) {
+  const std::pair<const char*, std::array<bool, 2>> forms[] = {
+      {"%o : Tensor = aten::add(%l, %y, %hi)", {true, false}},
+      {"%o : Tensor = aten::add_(%l, %y, %hi)", {false, false}},
+      {"%o : Tensor = aten::add(%y, %l, %hi)", {true, true}},
+  };
+  for (const auto& [add, flags] : forms) {
+    auto graph = parse(edit(chain(), {{kAct, add}}));
+    ASSERT_EQ(run(graph), 1) << add;
+    graph->lint();
+    const torch::jit::Node* op = nullptr;
+    for (const auto* n : graph->nodes()) {
+      if (n->kind().toQualString() == std::string("torchfuse::custom_linear_act")) {
+        op = n;
+      }
+    }
+    ASSERT_NE(op, nullptr) << add;
+    EXPECT_EQ(op->input(5), graph->inputs()[3]) << add; // %y
+    EXPECT_EQ(torch::jit::toIValue(op->input(6))->toDouble(), 6.0) << add;
+    EXPECT_EQ(torch::jit::toIValue(op->input(3))->toStringRef(), "none") << add;
+    EXPECT_EQ(torch::jit::toIValue(op->input(7))->toBool(), flags[0]) << add;
+    EXPECT_EQ(torch::jit::toIValue(op->input(8))->toBool(), flags[1]) << add;
+  }
 }
 
 TEST(FuseLinearAct, FusesInIfAndLoopBlocks) {
