@@ -24,6 +24,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/SDPBackend.h>
+#include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -156,15 +157,34 @@ bool fusedKernelRuns(
   }
 }
 
+// Autocast's own cast of the call's inputs, where autocast is on for their
+// device: scaled_dot_product_attention is a lower-precision op on CPU and
+// CUDA.  Made here, before the call, so that FusedAttentionFunction saves
+// the tensors the call computes on, as the original's backward does:
+// autocast's copies, which a later in-place write to the inputs does not
+// touch (or the inputs themselves, where no cast is needed).
+at::Tensor autocastInput(const at::Tensor& t) {
+  const auto device_type = t.device().type();
+  if ((device_type != at::kCPU && device_type != at::kCUDA) ||
+      !at::autocast::is_autocast_enabled(device_type)) {
+    return t;
+  }
+  return at::autocast::cached_cast(
+      at::autocast::get_lower_precision_fp_from_device_type(device_type), t, device_type);
+}
+
 at::Tensor unmaskedAttention(
-    const at::Tensor& query,
-    const at::Tensor& key,
-    const at::Tensor& value,
+    const at::Tensor& query_in,
+    const at::Tensor& key_in,
+    const at::Tensor& value_in,
     std::optional<double> scale,
     bool enable_gqa) {
-  checkDefined(kOp, "query", query);
-  checkDefined(kOp, "key", key);
-  checkDefined(kOp, "value", value);
+  checkDefined(kOp, "query", query_in);
+  checkDefined(kOp, "key", key_in);
+  checkDefined(kOp, "value", value_in);
+  const auto query = autocastInput(query_in);
+  const auto key = autocastInput(key_in);
+  const auto value = autocastInput(value_in);
   const bool recorded = c10::GradMode::is_enabled() &&
       (query.requires_grad() || key.requires_grad() || value.requires_grad());
   if (!recorded || query.dim() < 2 || key.dim() < 2) {

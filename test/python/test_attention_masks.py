@@ -321,6 +321,38 @@ def test_op_under_autograd_runs_the_fused_kernel_and_a_differentiable_backward()
         assert torch.equal(a, b)
 
 
+def test_op_under_autocast_saves_autocasts_copies_as_the_original():
+    """Under CPU autocast the original's call computes on autocast's bfloat16
+    copies, so an in-place write to its float32 inputs after the call leaves
+    its backward valid; the op's must be too (autocastInput), with the same
+    dtype, values and gradients.  Without autocast both backwards raise: the
+    saved inputs are the written tensors themselves."""
+    def run(fn, autocast):
+        leaves = [t.requires_grad_() for t in qkv(2)]
+        xs = [t * 1 for t in leaves]
+        with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+            y = fn(*xs)
+        for x in xs:
+            x.mul_(2)
+        try:
+            return y, torch.autograd.grad(y.float().sum(), leaves)
+        except RuntimeError as e:
+            return y, type(e)
+
+    def original(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bert_like_mask(q, k))
+
+    want, g_want = run(original, True)
+    got, g_got = run(OP, True)
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want)
+    assert not isinstance(g_want, type) and not isinstance(g_got, type)
+    for a, b in zip(g_got, g_want):
+        assert a.dtype == b.dtype == torch.float32
+        torch.testing.assert_close(a, b)
+    assert run(original, False)[1] is RuntimeError and run(OP, False)[1] is RuntimeError
+
+
 def test_op_under_autograd_where_the_unmasked_call_is_math_is_the_masked_call():
     """Where ATen would take the math path for the unmasked call too (here:
     only math enabled), the op makes the original's masked call: values and
