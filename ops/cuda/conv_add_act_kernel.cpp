@@ -6,14 +6,17 @@
 // spends up to three passes, each rounding.  An nchw output and a
 // channels-last one each take one streaming pass.  `other` joins the pass
 // only with the output's exact sizes, strides and dtype (the residual of a
-// network in one layout); any other `other`, outputs in neither layout, and
-// an out-of-place last op over an output with size-1 dimensions (whose
-// strides that op picks) take the composite's pointwise part on the
-// convolution already computed.
+// network in one layout); any other `other`, and outputs in neither layout,
+// take the composite's pointwise part on the convolution already computed.
+// Where eager's last op is out of place over an output with size-1
+// dimensions (whose strides that op picks), the result takes that op's
+// strides (outOfPlaceStrides): the SE blocks' convolutions of [N, C, 1, 1].
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/core/MemoryFormat.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/util/strides.h>
 #include <torch/library.h>
 
 #include "kernels/conv/add_act_epilogue.cuh"
@@ -35,6 +38,24 @@ bool fusesOther(const at::Tensor& other, const at::Tensor& out) {
       other.sizes() == out.sizes() && other.strides() == out.strides();
 }
 
+// The strides eager's out-of-place last op (an activation, or the add with
+// `other` of the output's own strides) gives its result over the conv
+// output `out`: TensorIterator's fast setup, where every operand has out's
+// strides, allocates canonical contiguous strides where out is contiguous,
+// canonical channels-last ones where out is 4-d channels-last, else out's.
+// These differ from out's only in the strides of size-1 dimensions, so the
+// elements stay where the pass wrote them.
+std::vector<int64_t> outOfPlaceStrides(const at::Tensor& out) {
+  if (out.is_contiguous()) {
+    const auto strides = c10::contiguous_strides(out.sizes());
+    return {strides.begin(), strides.end()};
+  }
+  if (out.dim() == 4 && out.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+    return c10::get_channels_last_strides_2d(out.sizes());
+  }
+  return out.strides().vec();
+}
+
 // Eager's convolution, then the epilogue pass (or the composite's
 // pointwise part).
 at::Tensor convThenEpilogue(
@@ -45,7 +66,7 @@ at::Tensor convThenEpilogue(
   auto out = convolve(a.input, a.weight, std::nullopt, a.stride, a.padding, a.dilation, a.groups);
   const bool nchw = out.is_contiguous();
   const bool fast = out.numel() > 0 && (nchw || isChannelsLast(out)) &&
-      (!other.defined() || fusesOther(other, out)) && !outOfPlaceOverAmbiguousLayout(a, act, sizes);
+      (!other.defined() || fusesOther(other, out));
   if (!fast) {
     // NB: the bias in place, as eager's cuDNN convolution adds it, then the
     // composite's pointwise part: never the convolution again.
@@ -70,6 +91,12 @@ at::Tensor convThenEpilogue(
     kernels::convAddActEpilogue(args, /*channels_last=*/!nchw, stream);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (outOfPlaceOverAmbiguousLayout(a, act, sizes)) {
+    const auto strides = outOfPlaceStrides(out);
+    if (out.strides() != at::IntArrayRef(strides)) {
+      return out.as_strided(out.sizes(), strides);
+    }
+  }
   return out;
 }
 

@@ -319,3 +319,52 @@ def test_in_place_spelling_keeps_the_strides_of_each_spelling(act, device):
                                                        spelling, args)
         assert got.stride() == want.stride(), spelling
         torch.testing.assert_close(got, want)
+
+
+# conv problems whose outputs have size-1 dimensions: (x sizes, w sizes, stride)
+AMBIGUOUS = {
+    "se_1x1": ((3, 8, 1, 1), (6, 8, 1, 1), 1),         # a squeeze-excitation conv
+    "pooled_to_1x1": ((3, 4, 5, 5), (6, 4, 3, 3), 2),  # the output is [3, 6, 1, 1]
+    "one_channel": ((3, 4, 5, 6), (1, 4, 3, 3), 1),    # [3, 1, 3, 4]
+    "one_row": ((2, 4, 3, 7), (6, 4, 3, 3), 1),        # [2, 6, 1, 5]
+    "batch_of_one": ((1, 4, 1, 1), (6, 4, 1, 1), 1),
+}
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA_ONLY)])
+@pytest.mark.parametrize("form", list(AMBIGUOUS))
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("residual", [None, "add", "add_"])
+def test_outputs_with_size_one_dims_take_each_spellings_strides(form, channels_last, residual, device):
+    """Convolutions whose outputs have size-1 dimensions (the [N, C, 1, 1] of
+    squeeze-excitation blocks): the result's strides are those of eager's
+    chain in every spelling (out- and in-place activation, add and add_ of a
+    residual of the conv output's strides), its values eager's, and it is no
+    view (eager's is none: an in-place op under autograd may follow)."""
+    xs, ws, stride = AMBIGUOUS[form]
+    torch.manual_seed(7)
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    x = signed(*xs).to(device).contiguous(memory_format=fmt)
+    w = signed(*ws).to(device).contiguous(memory_format=fmt)
+    b = signed(ws[0]).to(device)
+    conv = F.conv2d(x, w, b, stride)
+    # the residual: of the conv output's sizes and strides
+    other = None if residual is None else torch.empty_like(conv).copy_(signed(*conv.shape).to(device))
+    for act in ("relu", "hardsigmoid", "silu", "none"):
+        args, fn = ACTS[act]
+        for spelling in ([act] if act == "none" else [act, act + "_"]):
+            y = conv.clone()
+            if other is not None:
+                y = torch.add(y, other) if residual == "add" else y.add_(other)
+            if spelling == act:
+                want = fn(y)
+            else:
+                want = {"relu": torch.relu_, "hardsigmoid": lambda t: F.hardsigmoid(t, inplace=True),
+                        "silu": lambda t: F.silu(t, inplace=True)}[act](y)
+            got = op(x, w, b, [stride, stride], [0, 0], [1, 1], 1, other, 1, residual != "add_", spelling, args)
+            assert got.stride() == want.stride(), (spelling, got.stride(), want.stride())
+            torch.testing.assert_close(got, want, msg=spelling)
+            assert got._base is None
+        with torch.enable_grad():
+            scale = torch.ones((), device=device, requires_grad=True)
+            op(x, w, b, [stride, stride], [0, 0], [1, 1], 1, other, 1, residual != "add_", "relu", []).mul_(scale)
