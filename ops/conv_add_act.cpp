@@ -190,9 +190,9 @@ bool outOfPlaceOverAmbiguousLayout(
     const ConvAddActArgs& a,
     const kernels::Activation& act,
     at::IntArrayRef conv_sizes) {
-  const bool activation = act.kind != ActivationKind::kNone;
   const bool out_of_place =
-      activation ? !activatesInPlace(a.activation) : otherOf(a).defined() && a.promote;
+      (act.kind != ActivationKind::kNone && !activatesInPlace(a.activation)) ||
+      (otherOf(a).defined() && a.promote);
   return out_of_place &&
       std::any_of(conv_sizes.begin() + 1, conv_sizes.end(), [](int64_t s) { return s == 1; });
 }

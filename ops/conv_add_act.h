@@ -78,11 +78,11 @@ at::Tensor applyActivation(
     c10::string_view activation,
     at::ArrayRef<double> activation_args);
 
-// Whether eager's chain ends in an out-of-place op (the activation, or an
-// out-of-place add with no activation or an in-place one) over a conv output
-// `conv_sizes` with a size-1 dimension: that op picks the strides of the
-// ambiguous dimensions itself, which only ATen's own op reproduces.
-// `act` is parseActivation's result for `a`.
+// Whether eager's chain has an out-of-place op (the activation, or the add,
+// an in-place activation after it included) over a conv output `conv_sizes`
+// with a size-1 dimension: that op picks the strides of the ambiguous
+// dimensions itself, and the in-place ops after it keep them.  `act` is
+// parseActivation's result for `a`.
 bool outOfPlaceOverAmbiguousLayout(
     const ConvAddActArgs& a,
     const kernels::Activation& act,
