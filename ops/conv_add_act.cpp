@@ -11,6 +11,8 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/core/MemoryFormat.h>
+#include <c10/util/strides.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -195,6 +197,17 @@ bool outOfPlaceOverAmbiguousLayout(
       (otherOf(a).defined() && a.promote);
   return out_of_place &&
       std::any_of(conv_sizes.begin() + 1, conv_sizes.end(), [](int64_t s) { return s == 1; });
+}
+
+std::vector<int64_t> outOfPlaceStrides(const at::Tensor& out) {
+  if (out.is_contiguous()) {
+    const auto strides = c10::contiguous_strides(out.sizes());
+    return {strides.begin(), strides.end()};
+  }
+  if (out.dim() == 4 && out.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+    return c10::get_channels_last_strides_2d(out.sizes());
+  }
+  return out.strides().vec();
 }
 
 at::Tensor convAddActEpilogueComposite(at::Tensor conv, const ConvAddActArgs& a) {

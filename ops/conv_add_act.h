@@ -88,6 +88,15 @@ bool outOfPlaceOverAmbiguousLayout(
     const kernels::Activation& act,
     at::IntArrayRef conv_sizes);
 
+// The strides eager's out-of-place op gives its result over the conv output
+// `out` where every operand has out's strides (outOfPlaceOverAmbiguousLayout's
+// op: the activation, or the add with an `other` of out's strides):
+// TensorIterator's fast setup allocates canonical contiguous strides where out
+// is contiguous, canonical channels-last ones where out is 4-d channels-last,
+// else out's own.  They differ from out's only in size-1 dimensions, so the
+// elements stay where they are.
+std::vector<int64_t> outOfPlaceStrides(const at::Tensor& out);
+
 // `other` when present (defined), else undefined.
 at::Tensor otherOf(const ConvAddActArgs& a);
 

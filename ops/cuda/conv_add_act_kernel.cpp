@@ -14,9 +14,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
-#include <c10/core/MemoryFormat.h>
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/util/strides.h>
 #include <torch/library.h>
 
 #include "kernels/conv/add_act_epilogue.cuh"
@@ -36,24 +34,6 @@ using conv_cuda::isChannelsLast;
 bool fusesOther(const at::Tensor& other, const at::Tensor& out) {
   return other.scalar_type() == out.scalar_type() && other.device() == out.device() &&
       other.sizes() == out.sizes() && other.strides() == out.strides();
-}
-
-// The strides eager's out-of-place last op (an activation, or the add with
-// `other` of the output's own strides) gives its result over the conv
-// output `out`: TensorIterator's fast setup, where every operand has out's
-// strides, allocates canonical contiguous strides where out is contiguous,
-// canonical channels-last ones where out is 4-d channels-last, else out's.
-// These differ from out's only in the strides of size-1 dimensions, so the
-// elements stay where the pass wrote them.
-std::vector<int64_t> outOfPlaceStrides(const at::Tensor& out) {
-  if (out.is_contiguous()) {
-    const auto strides = c10::contiguous_strides(out.sizes());
-    return {strides.begin(), strides.end()};
-  }
-  if (out.dim() == 4 && out.is_contiguous(at::MemoryFormat::ChannelsLast)) {
-    return c10::get_channels_last_strides_2d(out.sizes());
-  }
-  return out.strides().vec();
 }
 
 // Eager's convolution, then the epilogue pass (or the composite's

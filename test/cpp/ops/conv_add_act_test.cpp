@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "ops/conv_add_act.h"
 #include "test/cpp/util/op_test_utils.h"
 #include "torchfuse/ops.h"
 
@@ -88,6 +89,86 @@ TEST(ConvAddActOp, RejectsBadArgumentsByName) {
   expectThrowsWith(
       call("relu", {}, randSigned({5, 4, 4}, at::kFloat)),
       "torchfuse::custom_conv_add_act: expected other to be broadcastable");
+}
+
+} // namespace
+} // namespace torchfuse
+
+namespace torchfuse {
+namespace {
+
+// A tensor allocated in `format`, as a convolution allocates its output
+// (for a [N, C, 1, 1] channels-last output: strides (C, 1, C, C)).
+at::Tensor allocatedIn(std::vector<int64_t> sizes, at::MemoryFormat format) {
+  return at::empty(sizes, at::TensorOptions(at::kFloat).memory_format(format))
+      .copy_(randSigned(sizes, at::kFloat));
+}
+
+// Conv outputs with size-1 dimensions in the layouts a convolution returns.
+std::vector<at::Tensor> ambiguousOutputs() {
+  std::vector<at::Tensor> ts;
+  for (const auto& sizes : std::vector<std::vector<int64_t>>{
+           {4, 6, 1, 1}, {1, 6, 1, 1}, {3, 1, 3, 4}, {2, 6, 1, 5}, {2, 6, 5, 1}, {4, 1, 1, 1}}) {
+    ts.push_back(allocatedIn(sizes, at::MemoryFormat::Contiguous));
+    ts.push_back(allocatedIn(sizes, at::MemoryFormat::ChannelsLast));
+  }
+  ts.push_back(allocatedIn({2, 3, 1, 1, 1}, at::MemoryFormat::ChannelsLast3d));
+  ts.push_back(allocatedIn({2, 3, 1, 4, 5}, at::MemoryFormat::ChannelsLast3d));
+  ts.push_back(allocatedIn({2, 3, 1}, at::MemoryFormat::Contiguous));
+  return ts;
+}
+
+// outOfPlaceStrides against TensorIterator itself: an out-of-place
+// activation, and an add whose operands share the output's strides.
+TEST(ConvAddActOp, OutOfPlaceStridesAreTensorIterators) {
+  torch::manual_seed(0);
+  for (const auto& t : ambiguousOutputs()) {
+    const auto other = at::empty_like(t).copy_(randSigned(t.sizes().vec(), at::kFloat));
+    ASSERT_EQ(other.strides(), t.strides());
+    const auto want = ops::outOfPlaceStrides(t);
+    EXPECT_EQ(at::IntArrayRef(want), at::relu(t).strides()) << t.sizes() << " " << t.strides();
+    EXPECT_EQ(at::IntArrayRef(want), at::add(t, other).strides())
+        << t.sizes() << " " << t.strides();
+    EXPECT_EQ(at::IntArrayRef(want), at::hardsigmoid(at::add(t, other)).strides()) << t.sizes();
+  }
+  // the rule is not the identity: a channels-last [4, 6, 1, 1]
+  const auto cl = allocatedIn({4, 6, 1, 1}, at::MemoryFormat::ChannelsLast);
+  EXPECT_NE(at::IntArrayRef(ops::outOfPlaceStrides(cl)), cl.strides());
+}
+
+// Which spellings hold an out-of-place op over an output with a size-1
+// dimension: an out-of-place activation, or an out-of-place add (an in-place
+// activation after it included); not the all-in-place chain.
+TEST(ConvAddActOp, OutOfPlaceOverAmbiguousLayoutNamesEveryOutOfPlaceOp) {
+  const auto x = randSigned({2, 3, 4, 4}, at::kFloat);
+  const auto w = randSigned({5, 3, 4, 4}, at::kFloat);
+  const std::optional<at::Tensor> bias;
+  const std::optional<at::Tensor> other = randSigned({2, 5, 1, 1}, at::kFloat);
+  const std::optional<at::Tensor> none;
+  const at::Scalar alpha = 1;
+  const std::vector<int64_t> one = {1}, zero = {0};
+  struct Case {
+    bool with_other;
+    bool promote;
+    const char* act;
+    bool want;
+  };
+  for (const auto& c : std::vector<Case>{
+           {false, true, "none", false},
+           {false, true, "relu", true},
+           {false, true, "relu_", false},
+           {true, true, "none", true},
+           {true, true, "relu_", true},
+           {true, false, "relu_", false},
+           {true, false, "relu", true},
+           {true, false, "none", false}}) {
+    const ops::ConvAddActArgs a{
+        x, w, bias, one, zero, one, 1, c.with_other ? other : none, alpha, c.promote, c.act, {}};
+    const auto act = ops::parseActivation(c.act, {});
+    EXPECT_EQ(ops::outOfPlaceOverAmbiguousLayout(a, act, {2, 5, 1, 1}), c.want)
+        << c.act << (c.with_other ? (c.promote ? " add" : " add_") : "");
+    EXPECT_FALSE(ops::outOfPlaceOverAmbiguousLayout(a, act, {2, 5, 3, 3})) << c.act;
+  }
 }
 
 } // namespace
