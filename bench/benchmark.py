@@ -365,6 +365,24 @@ class Timer:
                 times.append((time.perf_counter() - t) * 1e3)
         return times
 
+    def host_times(self, step: Callable[[int], None], reset: Callable[[], None], n: int) -> Optional[list[float]]:
+        """The host's time to launch step(i), in milliseconds, with the device
+        idle before each call (synchronized): where it comes near the
+        device's time per step, the GPU waits for the launches (host-bound),
+        and a ratio of two such variants measures the host.  None on the CPU,
+        where the step's time is the host's."""
+        if not self.cuda:
+            return None
+        times = []
+        for i in range(n):
+            reset()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            step(i)
+            times.append((time.perf_counter() - t) * 1e3)
+            torch.cuda.synchronize()
+        return times
+
 
 # --------------------------------------------------------------- ceilings ----
 

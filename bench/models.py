@@ -42,6 +42,9 @@ Metrics, per (model, mode, variant):
   (perf_counter on the CPU), after a warm-up that includes the profiling
   executor's profiling and optimizing runs; inputs rotate among several
   copies so that a small one does not run from L2;
+- on CUDA, the host's time to launch one step (perf_counter around the
+  call, the device idle before it; median of 10): a row whose host time
+  comes near its device time is host-bound, listed in the report;
 - peak memory of one step: the reference results are on the host, only
   this variant's model, one input and the output gradients are on the
   device; torch.cuda.reset_peak_memory_stats, then max_memory_allocated
@@ -672,6 +675,9 @@ class ModelBench:
                                    self.args.reps, self.args.target_s)
         row.update({"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
                     "reps": len(times), "inputs_rotated": len(xs)})
+        host = self.timer.host_times(lambda i: step(xs[i % len(xs)]), reset, HOST_REPS)
+        if host:
+            row["host_ms"] = statistics.median(host)
         del fn, model, step, reset, xs, x0, gys
         return row
 
@@ -708,6 +714,11 @@ class ModelBench:
 
 
 # ------------------------------------------------------------------ report ----
+
+# host-time calls per unit (synchronized, so the launches alone are timed),
+# and the share of the step's device time above which a row is host-bound
+HOST_REPS = 10
+HOST_BOUND = 0.9
 
 COLS = ["eager", "eager_cl", "torchscript", "freeze", "freeze_cl", "ofi", "compile", "torchfuse", "torchfuse_freeze",
         "torchfuse_compile"]
@@ -746,6 +757,14 @@ def ratio_cell(row: Optional[dict]) -> str:
     if b.get("mem_ratio") is not None:
         s += f" (mem {b['mem_ratio']:.2f}×)"
     return s
+
+
+def host_bound_rows(data: dict) -> list[dict]:
+    """The measured rows (host_ms recorded: CUDA) that are host-bound."""
+    rows = data.get("rows", {})
+    rows = rows.values() if isinstance(rows, dict) else rows
+    return [r for r in rows if r.get("host_ms") and r.get("median_ms")
+            and r["host_ms"] >= HOST_BOUND * r["median_ms"]]
 
 
 def markdown_section(data: dict, png_rel: Optional[str] = None, level: int = 2) -> str:
@@ -818,6 +837,17 @@ def markdown_section(data: dict, png_rel: Optional[str] = None, level: int = 2) 
                  f"{err(tf and tf.get('errors_vs_float64'))} | {err(tff and tff.get('errors_vs_float64'))} | "
                  f"{fused(tf)} / {fused(tff)} |")
     L.append("")
+    bound = host_bound_rows(data)
+    if bound:
+        L += [f"{h}# Model zoo{on}: host-bound rows", "",
+              f"Rows whose host time to launch one step (median of {HOST_REPS} calls, each after the device went "
+              f"idle) is at least {HOST_BOUND:.0%} of the step's device time: the GPU waits for the launches, "
+              "so their times and ratios measure the host's speed as much as the kernels'.", "",
+              "| Model | Mode | Variant | host ms | device ms | host / device |", "|---|---|---|---|---|---|"]
+        for r in bound:
+            L.append(f"| {r['model']} | {r['mode']} | {SHORT.get(r['variant'], r['variant'])} | "
+                     f"{fmt_ms(r['host_ms'])} | {fmt_ms(r['median_ms'])} | {r['host_ms'] / r['median_ms']:.2f} |")
+        L.append("")
     sk = data.get("skipped", {})
     if sk:
         L += [f"{h}# Model zoo{on}: not measured", "", "| Unit | Reason |", "|---|---|"]

@@ -294,3 +294,20 @@ def test_autocast_training_mode(models, tmp_path):
         assert 1e-4 < eager["out"] < 1e-1 and 0 < e["grad"] < 1e-1
     assert models.mode_dtype("train_bf16") == (True, "bf16", torch.float32)
     assert models.mode_dtype("eval_bf16") == (False, "bf16", torch.bfloat16)
+
+
+def test_host_bound_rows_are_listed(models):
+    """A row whose launch time comes to 90 % of its device time is listed as
+    host-bound, one below is not, and CPU rows (no host_ms) never are."""
+    data = {"gpu": "G", "rows": {
+        "a/eval_bf16/torchfuse_freeze": {"model": "a", "mode": "eval_bf16", "variant": "torchfuse_freeze",
+                                          "median_ms": 2.0, "host_ms": 1.95},
+        "b/eval_bf16/torchfuse_freeze": {"model": "b", "mode": "eval_bf16", "variant": "torchfuse_freeze",
+                                          "median_ms": 2.0, "host_ms": 1.2},
+        "c/eval_fp32/eager": {"model": "c", "mode": "eval_fp32", "variant": "eager", "median_ms": 2.0}}}
+    assert [r["model"] for r in models.host_bound_rows(data)] == ["a"]
+    md = models.markdown_section(data)
+    assert "host-bound rows" in md and "| a | eval_bf16 | tf-freeze | 1.95 | 2.00 | 0.97 |" in md
+    assert "| b | eval_bf16 |" not in md.split("host-bound rows")[1]
+    cpu_only = {"gpu": "G", "rows": {"c/eval_fp32/eager": data["rows"]["c/eval_fp32/eager"]}}
+    assert "host-bound rows" not in models.markdown_section(cpu_only)
