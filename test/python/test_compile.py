@@ -1,7 +1,8 @@
-"""torch.compile (Inductor, fullgraph=True: any graph break raises) of a
-module that calls every torchfuse op, on the CPU: in training (outputs,
-gradients, BatchNorm running statistics) and in inference, against the same
-module run eagerly."""
+"""torch.compile (Inductor, fullgraph=True: any graph break raises) of
+modules that call the torchfuse ops (the seed ops; the ops the passes put
+into CNNs and transformers), on the CPU: in training (outputs, gradients,
+BatchNorm running statistics) and in inference, against the same module run
+eagerly."""
 
 import copy
 
@@ -75,6 +76,69 @@ def test_compiled_inference_matches_eager(models):
         want = eager(x, y, o)
         got = compiled(x, y, o)
     torch.testing.assert_close(got, want)
+
+
+class NetworkOps(torch.nn.Module):
+    """The ops the passes put into CNNs and transformers, chained: conv →
+    add → silu, conv → relu → max_pool, conv → batch_norm (training: batch
+    statistics and running-statistic updates) → hardswish, the SE squeeze and
+    gate, linear → add → gelu, add → layer_norm (its sum written), and
+    unmasked attention."""
+
+    def __init__(self):
+        super().__init__()
+        self.w1, self.b1 = torch.nn.Parameter(signed(4, 4, 3, 3)), torch.nn.Parameter(signed(4))
+        self.w2, self.b2 = torch.nn.Parameter(signed(6, 4, 3, 3)), torch.nn.Parameter(signed(6))
+        self.w3 = torch.nn.Parameter(signed(5, 6, 3, 3))
+        self.bn_w, self.bn_b = torch.nn.Parameter(signed(5)), torch.nn.Parameter(signed(5))
+        self.register_buffer("running_mean", signed(5) * 0.1)
+        self.register_buffer("running_var", torch.rand(5) + 0.5)
+        self.lin_w, self.lin_b = torch.nn.Parameter(signed(8, 8) * 0.3), torch.nn.Parameter(signed(8))
+        self.ln_w, self.ln_b = torch.nn.Parameter(signed(8)), torch.nn.Parameter(signed(8))
+
+    def forward(self, x, s):
+        c = ops.custom_conv_add_act(x, self.w1, self.b1, [1], [1], [1], 1, x, 0.5, True, "silu", [])
+        p = ops.custom_conv_act_max_pool(c, self.w2, self.b2, [1], [1], [1], 1, "relu", [], [2, 2], [2, 2],
+                                         [0, 0], [1, 1], False)
+        q = ops.custom_conv_batch_norm_act(p, self.w3, None, [1], [1], [1], 1, self.bn_w, self.bn_b,
+                                           self.running_mean, self.running_var, self.training, 0.1, 1e-5, True,
+                                           "hardswish", [])
+        r = ops.custom_gate_mul(q, ops.custom_spatial_mean(q), "sigmoid", False)
+        t = ops.custom_linear_act(s, self.lin_w, self.lin_b, "gelu", [], s, 1.0, True, False)
+        n, total = ops.custom_add_layer_norm(t, s, 1.0, True, [8], self.ln_w, self.ln_b, 1e-5, True)
+        a = ops.custom_unmasked_attention(n.unsqueeze(1), n.unsqueeze(1), n.unsqueeze(1))
+        return r.square().mean() + a.square().mean() + total.sin().mean()
+
+
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+def test_network_ops_compile_fullgraph_and_match_eager(training):
+    """fullgraph=True over every op the passes insert into real networks:
+    outputs, and in training the gradients and BatchNorm's running
+    statistics, as the same module run eagerly, over two steps."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = NetworkOps().train(training)
+    src = copy.deepcopy(eager)
+    initial_mean = eager.running_mean.clone()
+    compiled = torch.compile(src, fullgraph=True)
+    for step in range(2):
+        torch.manual_seed(30 + step)
+        x, s = signed(2, 4, 8, 8), signed(2, 5, 8)
+        with torch.set_grad_enabled(training):
+            want = eager(x, s)
+            got = compiled(x, s)
+        torch.testing.assert_close(got, want)
+        if training:
+            for m in (eager, src):
+                m.zero_grad(set_to_none=True)
+            want.backward()
+            got.backward()
+            for (name, a), (_, b) in zip(eager.named_parameters(), src.named_parameters()):
+                assert a.grad is not None and a.grad.abs().sum() > 0, name
+                torch.testing.assert_close(b.grad, a.grad, msg=lambda m, name=name: f"grad of {name}: {m}")
+    for name in ("running_mean", "running_var"):
+        torch.testing.assert_close(getattr(src, name), getattr(eager, name), msg=lambda m, name=name: f"{name}: {m}")
+    assert torch.equal(src.running_mean, initial_mean) != training  # updated in training only
 
 
 # ------------------------------------------------------------ dynamic shapes
