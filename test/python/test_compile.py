@@ -110,6 +110,24 @@ class NetworkOps(torch.nn.Module):
         return r.square().mean() + a.square().mean() + total.sin().mean()
 
 
+def step_matches_eager(eager, src, compiled, inputs, training):
+    """One step of `compiled` (made from `src`, a copy of `eager`) against
+    eager: the output, and in training every parameter's gradient (each
+    one nonzero, so that none goes untested)."""
+    with torch.set_grad_enabled(training):
+        want = eager(*inputs)
+        got = compiled(*inputs)
+    torch.testing.assert_close(got, want)
+    if training:
+        for m in (eager, src):
+            m.zero_grad(set_to_none=True)
+        want.backward()
+        got.backward()
+        for (name, a), (_, b) in zip(eager.named_parameters(), src.named_parameters()):
+            assert a.grad is not None and a.grad.abs().sum() > 0, name
+            torch.testing.assert_close(b.grad, a.grad, msg=lambda m, name=name: f"grad of {name}: {m}")
+
+
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 def test_network_ops_compile_fullgraph_and_match_eager(training):
     """fullgraph=True over every op the passes insert into real networks:
@@ -124,18 +142,7 @@ def test_network_ops_compile_fullgraph_and_match_eager(training):
     for step in range(2):
         torch.manual_seed(30 + step)
         x, s = signed(2, 4, 8, 8), signed(2, 5, 8)
-        with torch.set_grad_enabled(training):
-            want = eager(x, s)
-            got = compiled(x, s)
-        torch.testing.assert_close(got, want)
-        if training:
-            for m in (eager, src):
-                m.zero_grad(set_to_none=True)
-            want.backward()
-            got.backward()
-            for (name, a), (_, b) in zip(eager.named_parameters(), src.named_parameters()):
-                assert a.grad is not None and a.grad.abs().sum() > 0, name
-                torch.testing.assert_close(b.grad, a.grad, msg=lambda m, name=name: f"grad of {name}: {m}")
+        step_matches_eager(eager, src, compiled, (x, s), training)
     for name in ("running_mean", "running_var"):
         torch.testing.assert_close(getattr(src, name), getattr(eager, name), msg=lambda m, name=name: f"{name}: {m}")
     assert torch.equal(src.running_mean, initial_mean) != training  # updated in training only
@@ -269,17 +276,7 @@ def test_network_ops_compile_with_dynamic_sizes_as_their_aten_chains(training):
         for step, (xs, ss) in enumerate(sizes):
             torch.manual_seed(40 + step)
             x, s = signed(*xs).double(), signed(*ss).double()
-            with torch.set_grad_enabled(training):
-                want = eager(x, s)
-                got = compiled(x, s)
-            torch.testing.assert_close(got, want)
-            if training:
-                for m in (eager, src):
-                    m.zero_grad(set_to_none=True)
-                want.backward()
-                got.backward()
-                for (name, a), (_, b) in zip(eager.named_parameters(), src.named_parameters()):
-                    torch.testing.assert_close(b.grad, a.grad, msg=lambda m, name=name: f"grad of {name}: {m}")
+            step_matches_eager(eager, src, compiled, (x, s), training)
         frames[cls.__name__] = counter.frame_count
     assert frames["NetworkOps"] <= frames["NetworkAten"], frames
     if not training:
