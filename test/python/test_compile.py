@@ -200,17 +200,7 @@ def test_compiled_dynamic_shapes_match_eager_without_recompiling(training):
     for step, sizes in enumerate(DYNAMIC_SIZES):
         torch.manual_seed(20 + step)
         x, y, o = (signed(*s).double() for s in sizes)
-        with torch.set_grad_enabled(training):
-            want = eager(x, y, o)
-            got = compiled(x, y, o)
-        torch.testing.assert_close(got, want)
-        if training:
-            for m in (eager, src):
-                m.zero_grad(set_to_none=True)
-            want.backward()
-            got.backward()
-            for (name, a), (_, b) in zip(eager.named_parameters(), src.named_parameters()):
-                torch.testing.assert_close(b.grad, a.grad, msg=lambda m, name=name: f"grad of {name}: {m}")
+        step_matches_eager(eager, src, compiled, (x, y, o), training)
         for name in ("running_mean", "running_var"):
             torch.testing.assert_close(getattr(src, name), getattr(eager, name), msg=lambda m, name=name: f"{name}: {m}")
     assert counter.frame_count == 1, f"recompiled: {counter.frame_count} graphs for {len(DYNAMIC_SIZES)} sizes"
