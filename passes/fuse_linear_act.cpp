@@ -65,9 +65,12 @@ const Link kMatmul = {[](const Node* n) { return isMatmul(n); }, {}};
 const Link kAdd = {[](const Node* n) { return isTensorAdd(n); }, {0, 1}};
 const Link kAct = {[](const Node* n) { return isFusableActivation(n); }, {0}};
 
-std::vector<Value*> activationInputs(const Chain& c, torch::jit::Graph& graph) {
-  const auto spec = *activationSpec(c.tail());
-  return {graph.insertConstant(spec.name), graph.insertConstant(spec.args)};
+// The op's activation and activation_args: those of `act`, or "none" where
+// the chain has no activation (nullptr).
+void appendActivation(std::vector<Value*>& inputs, const Node* act, torch::jit::Graph& g) {
+  const auto spec = act != nullptr ? *activationSpec(act) : ActivationSpec{"none", {}};
+  inputs.push_back(g.insertConstant(spec.name));
+  inputs.push_back(g.insertConstant(spec.args));
 }
 
 // The op's residual arguments where there is none: other None, alpha 1,
@@ -111,12 +114,7 @@ int64_t fuseLinear(std::shared_ptr<torch::jit::Graph>& graph, size_t add, size_t
         auto& g = *linear->owningGraph();
         torch::jit::WithInsertPoint guard(c.tail());
         std::vector<Value*> inputs = {linear->input(0), linear->input(1), linear->input(2)};
-        ActivationSpec spec{"none", {}};
-        if (act > 0) {
-          spec = *activationSpec(c.nodes[act]);
-        }
-        inputs.push_back(g.insertConstant(spec.name));
-        inputs.push_back(g.insertConstant(spec.args));
+        appendActivation(inputs, act > 0 ? c.nodes[act] : nullptr, g);
         if (add > 0) {
           Node* n = c.nodes[add];
           inputs.push_back(c.otherOperand(add));
@@ -145,9 +143,7 @@ int64_t fuseMatmul(std::shared_ptr<torch::jit::Graph>& graph) {
         const auto w = constantTensor(matmul->input(1))->t().contiguous();
         std::vector<Value*> inputs = {
             matmul->input(0), g.insertConstant(w), g.insertConstant(c10::IValue())};
-        for (Value* v : activationInputs(c, g)) {
-          inputs.push_back(v);
-        }
+        appendActivation(inputs, c.tail(), g);
         appendNoResidual(inputs, g);
         return inputs;
       });
