@@ -192,9 +192,11 @@ bool outOfPlaceOverAmbiguousLayout(
     const ConvAddActArgs& a,
     const kernels::Activation& act,
     at::IntArrayRef conv_sizes) {
-  const bool out_of_place =
-      (act.kind != ActivationKind::kNone && !activatesInPlace(a.activation)) ||
-      (otherOf(a).defined() && a.promote);
+  // NB: ATen's out-of-place hardtanh (relu6 too) writes into empty_like of
+  // its input, so it keeps its input's strides and picks none itself.
+  const bool act_picks = act.kind != ActivationKind::kNone &&
+      act.kind != ActivationKind::kHardtanh && !activatesInPlace(a.activation);
+  const bool out_of_place = act_picks || (otherOf(a).defined() && a.promote);
   return out_of_place &&
       std::any_of(conv_sizes.begin() + 1, conv_sizes.end(), [](int64_t s) { return s == 1; });
 }

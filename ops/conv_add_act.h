@@ -81,8 +81,9 @@ at::Tensor applyActivation(
 // Whether eager's chain has an out-of-place op (the activation, or the add,
 // an in-place activation after it included) over a conv output `conv_sizes`
 // with a size-1 dimension: that op picks the strides of the ambiguous
-// dimensions itself, and the in-place ops after it keep them.  `act` is
-// parseActivation's result for `a`.
+// dimensions itself, and the in-place ops after it keep them.  Not
+// hardtanh (and relu6), whose out-of-place result takes its input's strides
+// (empty_like).  `act` is parseActivation's result for `a`.
 bool outOfPlaceOverAmbiguousLayout(
     const ConvAddActArgs& a,
     const kernels::Activation& act,

@@ -339,7 +339,8 @@ def test_outputs_with_size_one_dims_take_each_spellings_strides(form, channels_l
     """Convolutions whose outputs have size-1 dimensions (the [N, C, 1, 1] of
     squeeze-excitation blocks): the result's strides are those of eager's
     chain in every spelling (out- and in-place activation, add and add_ of a
-    residual of the conv output's strides), its values eager's, and it is no
+    residual of the conv output's strides; hardtanh's out-of-place result
+    keeps its input's strides), its values eager's, and it is no
     view (eager's is none: an in-place op under autograd may follow)."""
     xs, ws, stride = AMBIGUOUS[form]
     torch.manual_seed(7)
@@ -350,7 +351,7 @@ def test_outputs_with_size_one_dims_take_each_spellings_strides(form, channels_l
     conv = F.conv2d(x, w, b, stride)
     # the residual: of the conv output's sizes and strides
     other = None if residual is None else torch.empty_like(conv).copy_(signed(*conv.shape).to(device))
-    for act in ("relu", "hardsigmoid", "silu", "none"):
+    for act in ("relu", "hardsigmoid", "silu", "hardtanh", "none"):
         args, fn = ACTS[act]
         for spelling in ([act] if act == "none" else [act, act + "_"]):
             y = conv.clone()
@@ -360,7 +361,8 @@ def test_outputs_with_size_one_dims_take_each_spellings_strides(form, channels_l
                 want = fn(y)
             else:
                 want = {"relu": torch.relu_, "hardsigmoid": lambda t: F.hardsigmoid(t, inplace=True),
-                        "silu": lambda t: F.silu(t, inplace=True)}[act](y)
+                        "silu": lambda t: F.silu(t, inplace=True),
+                        "hardtanh": lambda t: F.hardtanh(t, *args, inplace=True)}[act](y)
             got = op(x, w, b, [stride, stride], [0, 0], [1, 1], 1, other, 1, residual != "add_", spelling, args)
             assert got.stride() == want.stride(), (spelling, got.stride(), want.stride())
             torch.testing.assert_close(got, want, msg=spelling)

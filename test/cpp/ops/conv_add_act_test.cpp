@@ -130,6 +130,9 @@ TEST(ConvAddActOp, OutOfPlaceStridesAreTensorIterators) {
     EXPECT_EQ(at::IntArrayRef(want), at::add(t, other).strides())
         << t.sizes() << " " << t.strides();
     EXPECT_EQ(at::IntArrayRef(want), at::hardsigmoid(at::add(t, other)).strides()) << t.sizes();
+    // hardtanh (relu6) picks none: it keeps its input's strides
+    EXPECT_EQ(at::hardtanh(t, -0.5, 0.5).strides(), t.strides()) << t.sizes();
+    EXPECT_EQ(at::IntArrayRef(want), at::hardtanh(at::add(t, other), 0, 6).strides()) << t.sizes();
   }
   // the rule is not the identity: a channels-last [4, 6, 1, 1]
   const auto cl = allocatedIn({4, 6, 1, 1}, at::MemoryFormat::ChannelsLast);
@@ -161,10 +164,18 @@ TEST(ConvAddActOp, OutOfPlaceOverAmbiguousLayoutNamesEveryOutOfPlaceOp) {
            {true, true, "relu_", true},
            {true, false, "relu_", false},
            {true, false, "relu", true},
-           {true, false, "none", false}}) {
+           {true, false, "none", false},
+           {false, true, "hardtanh", false},
+           {false, true, "hardtanh_", false},
+           {true, true, "hardtanh", true},
+           {true, false, "hardtanh", false},
+           {false, true, "silu", true}}) {
+    const bool hardtanh = std::string(c.act).rfind("hardtanh", 0) == 0;
+    const std::vector<double> args =
+        hardtanh ? std::vector<double>{-0.5, 0.5} : std::vector<double>{};
     const ops::ConvAddActArgs a{
-        x, w, bias, one, zero, one, 1, c.with_other ? other : none, alpha, c.promote, c.act, {}};
-    const auto act = ops::parseActivation(c.act, {});
+        x, w, bias, one, zero, one, 1, c.with_other ? other : none, alpha, c.promote, c.act, args};
+    const auto act = ops::parseActivation(c.act, args);
     EXPECT_EQ(ops::outOfPlaceOverAmbiguousLayout(a, act, {2, 5, 1, 1}), c.want)
         << c.act << (c.with_other ? (c.promote ? " add" : " add_") : "");
     EXPECT_FALSE(ops::outOfPlaceOverAmbiguousLayout(a, act, {2, 5, 3, 3})) << c.act;
