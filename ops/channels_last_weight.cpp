@@ -10,7 +10,11 @@
 // weight makes the original's convolution channels-last from there on).
 // custom_restore_layout(v, weight, result) reads the same decision back
 // from the pair: it restores contiguous strides exactly when this op
-// converted.  any_device false: CUDA inputs only.
+// converted.  any_device false: CUDA inputs only.  measured (layout="auto"):
+// where it could convert, the call site's measured choice decides whether
+// it does (ops/measured_layout.h); the pass inserts it so where the cost
+// model cannot tell, the host work of the conversions being what the FLOPs
+// do not show.
 //
 // NB: CompositeImplicitAutograd, as aten::contiguous (whose alias schema
 // this shares): the gradient reaches the weight through the copy, and
@@ -21,12 +25,13 @@
 
 #include "ops/channels_last_weight.h"
 #include "ops/common/checks.h"
+#include "ops/measured_layout.h"
 #include "ops/restore_layout.h"
 
 TORCH_LIBRARY_FRAGMENT(torchfuse, m) {
   m.def(
       "custom_channels_last_weight(Tensor(a) weight, Tensor input, Tensor[] weights, "
-      "bool any_device) -> Tensor(a)");
+      "bool any_device, bool measured=False) -> Tensor(a)");
 }
 
 namespace torchfuse::ops {
@@ -47,7 +52,8 @@ at::Tensor channelsLastWeight(
     const at::Tensor& weight,
     const at::Tensor& input,
     at::TensorList weights,
-    bool any_device) {
+    bool any_device,
+    bool measured) {
   checkDefined(kOp, "weight", weight);
   checkDefined(kOp, "input", input);
   if ((!any_device && !input.is_cuda()) || weight.dim() != 4 || entryIsChannelsLast(input)) {
@@ -57,6 +63,9 @@ at::Tensor channelsLastWeight(
     if (!w.defined() || w.dim() != 4 || w.suggest_memory_format() != at::MemoryFormat::Contiguous) {
       return weight;
     }
+  }
+  if (measured && !measuredChannelsLast(weight, input)) {
+    return weight;
   }
   auto converted = weight.contiguous(at::MemoryFormat::ChannelsLast);
   // NB: a weight whose channels-last strides do not suggest channels-last

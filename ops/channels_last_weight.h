@@ -12,11 +12,13 @@ bool convertsToChannelsLast(const at::Tensor& weight, const at::Tensor& converte
 
 // custom_channels_last_weight: `weight` channels-last where the region may
 // run so (the input and every one of `weights` suggest NCHW; CUDA unless
-// any_device), else `weight` itself.
+// any_device; with `measured`, where the site's measured choice says so),
+// else `weight` itself.
 at::Tensor channelsLastWeight(
     const at::Tensor& weight,
     const at::Tensor& input,
     at::TensorList weights,
-    bool any_device);
+    bool any_device,
+    bool measured);
 
 } // namespace torchfuse::ops

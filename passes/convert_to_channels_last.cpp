@@ -160,6 +160,11 @@ constexpr double kSmallMultiplier = 0.783;
 // is taken as 224 x 224 (ImageNet's).
 constexpr double kNominalEntryArea = 224.0 * 224.0;
 
+// How the conversion is decided: always (on any device); by the cost model
+// (CUDA weights); by the cost model, then on CUDA by each call site's
+// measured choice (unfrozen graphs, custom_channels_last_weight).
+enum class Decision { kForce, kCostModel, kMeasured };
+
 struct Region {
   Value* entry = nullptr;
   std::vector<Node*> nodes; // admitted, in graph order
@@ -177,7 +182,7 @@ class ChannelsLastConversion {
       const torch::jit::Module* module = nullptr)
       : graph_(graph), module_(module) {}
 
-  int64_t run(bool force) {
+  int64_t run(Decision decision) {
     if (!buildRegion()) {
       return 0;
     }
@@ -185,7 +190,7 @@ class ChannelsLastConversion {
     if (weights.empty()) {
       return 0;
     }
-    if (!force && !(allOnCuda(weights) && flopRatio(weights) <= 1.0)) {
+    if (decision != Decision::kForce && !(allOnCuda(weights) && flopRatio(weights) <= 1.0)) {
       return 0;
     }
     AliasDb db(graph_);
@@ -197,7 +202,7 @@ class ChannelsLastConversion {
       return 0;
     }
     if (module_ != nullptr) {
-      const auto [weight, converted] = convertFirstWeight(weights, force);
+      const auto [weight, converted] = convertFirstWeight(weights, decision);
       for (const auto& [value, point] : *exits) {
         insertRestore(value, point, {weight, converted});
       }
@@ -756,7 +761,9 @@ class ChannelsLastConversion {
   // weight through custom_channels_last_weight(weight, entry, weights),
   // inserted before it with fresh reads of every weight's attribute.
   // Returns (weight, converted), the pair the restore ops read.
-  std::pair<Value*, Value*> convertFirstWeight(const std::vector<Value*>& weights, bool force) {
+  std::pair<Value*, Value*> convertFirstWeight(
+      const std::vector<Value*>& weights,
+      Decision decision) {
     Node* first = region_.convs.front();
     torch::jit::WithInsertPoint guard(first);
     std::unordered_map<const Value*, Value*> fresh = {
@@ -779,7 +786,9 @@ class ChannelsLastConversion {
     Value* weight = read(first->input(1));
     Node* entry = graph_->create(
         sym("torchfuse::custom_channels_last_weight"),
-        {weight, region_.entry, list, graph_->insertConstant(force)}, 1);
+        {weight, region_.entry, list, graph_->insertConstant(decision == Decision::kForce),
+         graph_->insertConstant(decision == Decision::kMeasured)},
+        1);
     entry->output()->setType(first->input(1)->type());
     graph_->insertNode(entry);
     first->replaceInput(1, entry->output());
@@ -819,19 +828,22 @@ std::optional<double> channelsLastFlopRatio(std::shared_ptr<torch::jit::Graph>& 
 }
 
 int64_t ConvertToChannelsLast(std::shared_ptr<torch::jit::Graph>& graph, bool force) {
-  const auto converted = ChannelsLastConversion(graph).run(force);
+  const auto converted =
+      ChannelsLastConversion(graph).run(force ? Decision::kForce : Decision::kCostModel);
   GRAPH_DUMP("After ConvertToChannelsLast", graph);
   return converted;
 }
 
 int64_t ConvertToChannelsLastUnfrozen(
     std::shared_ptr<torch::jit::Graph>& graph,
-    const torch::jit::Module& module) {
+    const torch::jit::Module& module,
+    bool force) {
   if (graph->inputs().empty() ||
       graph->inputs().at(0)->type()->cast<c10::ClassType>() != module.type()) {
     return 0;
   }
-  const auto convs = ChannelsLastConversion(graph, &module).run(/*force=*/true);
+  const auto convs =
+      ChannelsLastConversion(graph, &module).run(force ? Decision::kForce : Decision::kMeasured);
   GRAPH_DUMP("After ConvertToChannelsLastUnfrozen", graph);
   return convs;
 }

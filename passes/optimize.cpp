@@ -386,14 +386,16 @@ torch::jit::Module optimize(
   const bool force_layout = options.layout == Layout::ChannelsLast;
   if (options.freeze && options.layout != Layout::Keep && onlyForwardIsKept(result)) {
     counts.channels_last_weights = passes::ConvertToChannelsLast(graph, force_layout);
-  } else if (!options.freeze && force_layout) {
-    // NB: asked for only.  Each call converts the first weight and every
-    // convolution's weight again inside ATen (and the backward its
-    // gradient back), host work the FLOP cost model does not see: measured
-    // on an H200, 0.87x TorchScript for mobilenet_v3_large eval fp32 and,
-    // in one of three runs, 0.92x for resnet50 training (docs/passes.md).
-    // Forward alone: the other methods keep their graphs.
-    counts.channels_last_weights = passes::ConvertToChannelsLastUnfrozen(graph, result);
+  } else if (!options.freeze && options.layout != Layout::Keep) {
+    // NB: each call converts the first weight and every convolution's
+    // weight again inside ATen (and the backward its gradient back), host
+    // work the FLOP cost model does not see: measured on an H200, 0.87x
+    // TorchScript for mobilenet_v3_large eval fp32 and, in one of three
+    // runs, 0.92x for resnet50 training (docs/passes.md).  So Auto leaves
+    // the decision to each call site's measured choice.  Forward alone: the
+    // other methods keep their graphs.
+    counts.channels_last_weights =
+        passes::ConvertToChannelsLastUnfrozen(graph, result, force_layout);
   }
   torch::jit::EliminateDeadCode(graph);
   const bool fused = counts.channels_last_weights > 0 || counts.attention_masks_dropped > 0 ||

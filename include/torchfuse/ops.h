@@ -8,8 +8,11 @@
 #include <c10/core/Scalar.h>
 #include <c10/util/string_view.h>
 
+#include <cstdint>
 #include <optional>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "torchfuse/export.h"
 
@@ -184,6 +187,23 @@ TORCHFUSE_API at::Tensor custom_unmasked_attention(
     const at::Tensor& value,
     std::optional<double> scale = std::nullopt,
     bool enable_gqa = false);
+
+// The measured layout choices of unfrozen graphs optimized with
+// layout="auto" (custom_channels_last_weight with measured=true), oldest
+// first: each call site's input, mode, calls so far, and once decided
+// whether it runs channels-last, with the median block times (ms) it was
+// decided by (docs/passes.md, "Channels-last layout").
+struct MeasuredLayout {
+  std::vector<int64_t> input_sizes;
+  std::string dtype;
+  bool grad = false;
+  std::string autocast; // the CUDA autocast dtype, empty without autocast
+  int64_t calls = 0;
+  std::optional<bool> channels_last;
+  std::optional<double> nchw_ms;
+  std::optional<double> channels_last_ms;
+};
+TORCHFUSE_API std::vector<MeasuredLayout> measuredLayouts();
 
 // NB: an app that only loads an optimized .pt references no symbol of the ops
 // library, and `--as-needed` would drop it along with its op registrations.

@@ -39,9 +39,11 @@ struct OptimizeOptions {
   // exist, with or without freeze.
   std::vector<std::string> preserved_attrs;
   // The convolutions' layout (docs/passes.md): with freeze the weights are
-  // stored channels-last (Auto: where the cost model says so); without,
-  // ChannelsLast alone converts the first convolution's weight on each call
-  // (ConvertToChannelsLastUnfrozen), and Auto keeps NCHW.
+  // stored channels-last (Auto: where the cost model says so); without, the
+  // first convolution's weight is converted on each call
+  // (ConvertToChannelsLastUnfrozen): ChannelsLast always, Auto where the
+  // cost model says so and then as each CUDA call site's measured choice
+  // decides (torchfuse::measuredLayouts()).
   Layout layout = Layout::Auto;
 };
 

@@ -79,16 +79,20 @@ TORCHFUSE_API int64_t FoldResidualConvBias(std::shared_ptr<torch::jit::Graph>& g
 TORCHFUSE_API int64_t
 ConvertToChannelsLast(std::shared_ptr<torch::jit::Graph>& graph, bool force = false);
 
-// Unfrozen graphs of `module`'s forward, whose weights are its attributes
-// (optimize's layout=ChannelsLast): the region's first convolution reads
-// its weight through torchfuse::custom_channels_last_weight, which converts
-// it on each call where the input and every region weight suggest NCHW, on
-// any device, so that the region runs NHWC; its values leave it through
-// custom_restore_layout(v, weight, converted).  No cost model: the per-call
-// conversions cost host time it does not see (docs/passes.md).  Returns how
-// many convolutions the region holds; 0 leaves the graph unchanged.
+// Unfrozen graphs of `module`'s forward, whose weights are its attributes:
+// the region's first convolution reads its weight through
+// torchfuse::custom_channels_last_weight, which converts it on each call
+// where the input and every region weight suggest NCHW, so that the region
+// runs NHWC; its values leave it through custom_restore_layout(v, weight,
+// converted).  With `force` (optimize's layout=ChannelsLast) on any device
+// and every call; without (layout=Auto) only where the cost model says
+// channels-last is faster for CUDA weights, and then on each CUDA call site
+// as its measured choice decides: the per-call conversions cost host time
+// the cost model does not see (docs/passes.md).  Returns how many
+// convolutions the region holds; 0 leaves the graph unchanged.
 TORCHFUSE_API int64_t ConvertToChannelsLastUnfrozen(
     std::shared_ptr<torch::jit::Graph>& graph,
-    const torch::jit::Module& module);
+    const torch::jit::Module& module,
+    bool force = true);
 
 } // namespace torchfuse::passes

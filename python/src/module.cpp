@@ -162,5 +162,22 @@ PYBIND11_MODULE(_C, m) {
         py::arg("graph"), py::arg("passes") = std::vector<std::string>{},
         "Runs Canonicalize and the fusions on a torch._C.Graph in place");
   m.def("report", &torchfuse::report, py::arg("module"));
+  m.def("measured_layouts", [] {
+    py::list out;
+    for (const auto& l : torchfuse::measuredLayouts()) {
+      py::dict d;
+      d["input_sizes"] = l.input_sizes;
+      d["dtype"] = l.dtype;
+      d["grad"] = l.grad;
+      d["autocast"] = l.autocast.empty() ? py::object(py::none()) : py::object(py::str(l.autocast));
+      d["calls"] = l.calls;
+      d["channels_last"] = l.channels_last ? py::object(py::bool_(*l.channels_last)) : py::none();
+      d["nchw_ms"] = l.nchw_ms ? py::object(py::float_(*l.nchw_ms)) : py::none();
+      d["channels_last_ms"] =
+          l.channels_last_ms ? py::object(py::float_(*l.channels_last_ms)) : py::none();
+      out.append(d);
+    }
+    return out;
+  });
   bindBackends(m);
 }

@@ -5,7 +5,7 @@ Importing this package loads the ops library, which registers
 """
 
 import pkgutil
-from typing import Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
 import torch
 
@@ -155,10 +155,13 @@ def optimize(
     ``layout`` chooses the 2-d convolutions' layout.  With ``freeze=True``:
     ``"auto"`` stores CUDA weights channels-last where the cost model says
     it is faster, ``"channels_last"`` does so on any device, ``"keep"``
-    leaves them.  Without freeze, only ``"channels_last"`` changes the
-    layout: the first convolution's weight is converted on each call where
-    the input and the weights are NCHW, so the convolutions run NHWC
-    (training included); ``"auto"`` and ``"keep"`` leave the graph NCHW.
+    leaves them.  Without freeze, the first convolution's weight is
+    converted on each call where the input and the weights are NCHW, so the
+    convolutions run NHWC (training included): with ``"channels_last"`` on
+    every call, with ``"auto"`` where the cost model says so for CUDA
+    weights and then as each call site's measured choice decides (its first
+    calls alternate the two layouts and time them; see
+    :func:`measured_layouts`); ``"keep"`` leaves the graph NCHW.
     Outputs keep the memory format the original returns.
     """
     if not isinstance(layout, str) or layout not in _LAYOUTS:
@@ -197,6 +200,17 @@ def report(module) -> Dict[str, int]:
     return dict(_C.report(_script_module_c(module, "report")))
 
 
+def measured_layouts() -> List[Dict[str, Any]]:
+    """The layout choices that CUDA calls of unfrozen modules optimized with
+    ``layout="auto"`` have measured, oldest first: one per call site (the
+    module's first converted weight), input sizes, dtype, grad mode and
+    autocast dtype.  Each has ``calls`` so far and, once decided,
+    ``channels_last`` (else None) with the median times in ms of the
+    blocks of calls it was decided by (``nchw_ms``, ``channels_last_ms``).
+    See docs/passes.md, "Channels-last layout"."""
+    return list(_C.measured_layouts())
+
+
 __all__ = [
     "backends",
     "utils",
@@ -204,6 +218,7 @@ __all__ = [
     "optimize",
     "fuse_graph",
     "report",
+    "measured_layouts",
     "pass_names",
     "fusions",
     "__version__",

@@ -1,0 +1,153 @@
+// The call sites of custom_channels_last_weight(measured=true) and their
+// measured choices (torchfuse.measured_layouts()).
+//
+// NB: a site's time stamps are events on the current stream, so a block's
+// time is the GPU timeline between two calls' starts: the kernels of the
+// step, and the gaps where the GPU waited for the host (launches, weight
+// conversions).  One host synchronization per site, on its last stamp.
+
+#include "ops/measured_layout.h"
+
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
+#include <c10/core/Event.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
+
+#ifdef TORCHFUSE_WITH_CUDA
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+#endif
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "ops/common/measured_choice.h"
+#include "torchfuse/ops.h"
+
+namespace torchfuse {
+namespace ops {
+namespace {
+
+// Sites kept at most (the oldest go first): one per model, input shape and
+// mode in a program; a freed model's entries age out.
+constexpr size_t kMaxSites = 64;
+
+struct Site {
+  explicit Site(MeasuredChoiceProtocol p) : choice(p) {}
+  MeasuredChoice choice;
+  std::vector<c10::Event> stamps;
+  MeasuredLayout info;
+};
+
+struct Sites {
+  std::mutex mutex;
+  std::map<std::vector<int64_t>, std::unique_ptr<Site>> sites;
+  std::deque<std::vector<int64_t>> order;
+};
+
+Sites& sites() {
+  static Sites s;
+  return s;
+}
+
+bool capturing() {
+#ifdef TORCHFUSE_WITH_CUDA
+  return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+#else
+  return false;
+#endif
+}
+
+std::vector<int64_t> keyOf(const at::Tensor& weight, const at::Tensor& input, bool grad) {
+  const bool autocast = at::autocast::is_autocast_enabled(at::kCUDA);
+  std::vector<int64_t> key = {
+      static_cast<int64_t>(reinterpret_cast<intptr_t>(weight.unsafeGetTensorImpl())),
+      input.get_device(), static_cast<int64_t>(input.scalar_type()), grad,
+      autocast ? static_cast<int64_t>(at::autocast::get_autocast_dtype(at::kCUDA)) : -1};
+  key.insert(key.end(), input.sizes().begin(), input.sizes().end());
+  return key;
+}
+
+Site& siteFor(Sites& s, const std::vector<int64_t>& key, const at::Tensor& input, bool grad) {
+  auto it = s.sites.find(key);
+  if (it != s.sites.end()) {
+    return *it->second;
+  }
+  if (s.sites.size() >= kMaxSites) {
+    s.sites.erase(s.order.front());
+    s.order.pop_front();
+  }
+  MeasuredChoiceProtocol p;
+  // NB: the executor's profiling runs and its optimizing run.
+  p.settle = static_cast<int64_t>(torch::jit::getNumProfiledRuns().load()) + 1;
+  auto site = std::make_unique<Site>(p);
+  site->info.input_sizes = input.sizes().vec();
+  site->info.dtype = std::string(c10::toString(input.scalar_type()));
+  site->info.grad = grad;
+  site->info.autocast = at::autocast::is_autocast_enabled(at::kCUDA)
+      ? std::string(c10::toString(at::autocast::get_autocast_dtype(at::kCUDA)))
+      : std::string();
+  s.order.push_back(key);
+  return *(s.sites[key] = std::move(site));
+}
+
+std::vector<double> blockTimes(const std::vector<c10::Event>& stamps) {
+  std::vector<double> ms;
+  for (size_t i = 0; i + 1 < stamps.size(); ++i) {
+    ms.push_back(stamps[i].elapsedTime(stamps[i + 1]));
+  }
+  return ms;
+}
+
+} // namespace
+
+bool measuredChannelsLast(const at::Tensor& weight, const at::Tensor& input) {
+  if (!input.is_cuda() || at::globalContext().deterministicAlgorithms() ||
+      at::globalContext().deterministicCuDNN()) {
+    return false;
+  }
+  const bool grad = c10::GradMode::is_enabled();
+  auto& s = sites();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  Site& site = siteFor(s, keyOf(weight, input, grad), input, grad);
+  if (capturing()) {
+    return site.choice.decided().value_or(false);
+  }
+  const auto call = site.choice.next();
+  site.info.calls = site.choice.calls();
+  if (call.stamp) {
+    const c10::impl::VirtualGuardImpl impl(input.device().type());
+    site.stamps.emplace_back(input.device().type(), c10::EventFlag::BACKEND_DEFAULT);
+    site.stamps.back().record(impl.getStream(input.device()));
+  }
+  if (!call.resolve) {
+    return call.candidate;
+  }
+  site.stamps.back().synchronize();
+  site.choice.resolve(blockTimes(site.stamps));
+  site.stamps.clear();
+  site.info.channels_last = site.choice.decided();
+  if (const auto m = site.choice.medians()) {
+    site.info.nchw_ms = m->first;
+    site.info.channels_last_ms = m->second;
+  }
+  return *site.choice.decided();
+}
+
+} // namespace ops
+
+std::vector<MeasuredLayout> measuredLayouts() {
+  auto& s = ops::sites();
+  std::lock_guard<std::mutex> lock(s.mutex);
+  std::vector<MeasuredLayout> out;
+  for (const auto& key : s.order) {
+    out.push_back(s.sites.at(key)->info);
+  }
+  return out;
+}
+
+} // namespace torchfuse
