@@ -8,8 +8,9 @@ values leaving the region go through custom_restore_layout(v, weight,
 converted).  Training steps (SGD with momentum) match eager: outputs,
 parameter gradients and their strides, running statistics and
 num_batches_tracked; outputs keep the original's strides for every input
-layout.  Only layout="channels_last" converts unfrozen graphs ("auto"
-keeps them NCHW, see docs/passes.md)."""
+layout.  layout="channels_last" converts on every call; "auto" inserts the
+op for CUDA weights where the cost model says so, and on CUDA each call
+site's measured choice decides (docs/passes.md)."""
 
 import copy
 
@@ -190,7 +191,8 @@ def test_channels_last_weights_run_as_the_original():
     torch.testing.assert_close(got, want)
 
 
-def test_auto_and_keep_leave_unfrozen_graphs_alone():
+def test_auto_leaves_cpu_graphs_and_keep_every_graph_alone():
+    """auto's cost model is cuDNN's: CPU weights keep NCHW."""
     model = SmallCnn().train()
     assert entry_count(unfrozen(model, "auto")) == 0
     assert entry_count(unfrozen(model, "keep")) == 0
@@ -358,6 +360,11 @@ def test_channels_last_weight_op_semantics():
     assert restore(v, w, w) is v
     with pytest.raises(RuntimeError, match="custom_channels_last_weight.*weight"):
         op(None, x, [w], True)
+    # measured: CPU calls are never measured and keep the weight
+    before = len(torchfuse.measured_layouts())
+    assert op(w, x, [w, other], True, True) is w
+    assert op(w, x, [w, other], False, True) is w
+    assert len(torchfuse.measured_layouts()) == before
 
 
 def test_channels_last_weight_op_opcheck_and_autograd():
@@ -366,6 +373,7 @@ def test_channels_last_weight_op_opcheck_and_autograd():
     w = torch.randn(8, 4, 3, 3, dtype=torch.float64)
     for any_device in (True, False):
         torch.library.opcheck(op, (w, x, [w], any_device))
+    torch.library.opcheck(op, (w, x, [w], False, True))
     meta = op(w.to("meta"), x.to("meta"), [w.to("meta")], True)
     assert meta.stride() == op(w, x, [w], True).stride()
     w = w.requires_grad_()
@@ -425,3 +433,87 @@ def test_cuda_trains_resnet18_channels_last(dtype):
         e_err = max(rel_err(t, r) for t in (e, n))
         g_err = rel_err(g, r)
         assert g_err <= 2 * e_err + floor, (name, g_err, e_err)
+
+
+# ---- CUDA: the measured choice of layout="auto" -------------------------------
+
+
+def measured_site(sizes, grad):
+    sites = [s for s in torchfuse.measured_layouts() if s["input_sizes"] == list(sizes) and s["grad"] == grad]
+    return sites[-1] if sites else None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_auto_measures_each_site_and_every_call_matches_eager():
+    """layout="auto" on CUDA weights: the entry op is measured; its trial's
+    calls alternate the layouts, and every call (before, during and after
+    the decision) gives eager's outputs and gradients under the float64
+    rule, in eager's strides.  Training calls and no_grad calls are
+    separate sites, each decided after the protocol's calls."""
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(weights=None).cuda().train()
+    mine = copy.deepcopy(model)
+    reference = copy.deepcopy(model).double()
+    opt = unfrozen(mine, "auto")
+    assert entry_count(opt) == 1
+    entry = next(n for n in opt.graph.findAllNodes(ENTRY))
+    assert [i.toIValue() for i in list(entry.inputs())[3:]] == [False, True]  # CUDA only, measured
+    x = torch.randn(4, 3, 48, 48, device="cuda")
+    gy = torch.randn(4, 1000, device="cuda")
+
+    def step(m, fn):
+        for p in m.parameters():
+            p.grad = None
+        y = fn(x.double() if m is reference else x)
+        y.backward(gy.to(y.dtype))
+        return [y.detach()] + [p.grad for p in m.parameters()]
+
+    ref = step(reference, reference)
+    eager = step(model, model)
+    floor = floor_for(torch.float32)
+    calls = 32  # past the protocol's 2 + 4 + 20 + 1 with the default profiling runs
+    for k in range(calls):
+        got = step(mine, opt)
+        for r, e, g in zip(ref, eager, got):
+            assert g.dtype == e.dtype and same_layout(g, e), k
+            assert rel_err(g, r) <= 2 * rel_err(e, r) + floor, k
+    site = measured_site(x.shape, True)
+    assert site is not None and site["calls"] == calls and site["dtype"] == "Float"
+    assert site["autocast"] is None
+    assert site["channels_last"] in (True, False)
+    assert site["nchw_ms"] > 0 and site["channels_last_ms"] > 0
+    # inference calls: a site of their own
+    with torch.no_grad():
+        want = model(x)
+        for _ in range(calls):
+            y = opt(x)
+            assert same_layout(y, want)
+            assert rel_err(y, ref[0]) <= 2 * rel_err(want, ref[0]) + floor
+    site = measured_site(x.shape, False)
+    assert site is not None and site["channels_last"] in (True, False)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_auto_keeps_nchw_under_deterministic_algorithms():
+    """A timed choice differs from run to run: with deterministic
+    algorithms asked for, auto runs the original's layout and measures
+    nothing."""
+    torch.manual_seed(1)
+    model = SmallCnn().cuda().train()
+    opt = unfrozen(model, "auto")
+    assert entry_count(opt) == 1  # its convolutions are small: channels-last by the cost model
+    x = torch.randn(3, 3, 20, 20, device="cuda")
+    before = len(torchfuse.measured_layouts())
+    with torch.no_grad():
+        want = model(x)
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with torch.no_grad():
+            for _ in range(3):
+                torch.testing.assert_close(opt(x), want)
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert len(torchfuse.measured_layouts()) == before
