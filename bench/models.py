@@ -533,6 +533,11 @@ class ModelBench:
         elif b:
             extra = f" | {b['speedup']:.3f}x {b['baseline']}" + (
                 f", mem {b['mem_ratio']:.3f}x" if b.get("mem_ratio") is not None else "")
+        if "measured_layout" in row:
+            m = row["measured_layout"]
+            chosen = {True: "channels-last", False: "NCHW", None: "undecided"}[m["channels_last"]]
+            extra += f" | measured layout {chosen}" + (
+                f" (NCHW {m['nchw_ms']:.2f}, CL {m['channels_last_ms']:.2f} ms)" if m["nchw_ms"] else "")
         if "fused" in row:
             extra += " | fused " + (", ".join(f"{k} {n}" for k, n in row["fused"].items() if n) or "none")
         print(f"  {key:44s} median {row['median_ms']:9.3f} ms (n={row['reps']}) peak {mem} "
@@ -566,9 +571,14 @@ class ModelBench:
         return model, fn, step, reset
 
     def warm_runs(self) -> int:
-        """Warm-up runs: the compile, and the profiling executor's profiling
-        and optimizing runs."""
-        return max(self.args.warmup, torch._C._jit_get_num_profiled_runs() + 2)
+        """Warm-up runs: the compile, the profiling executor's profiling
+        and optimizing runs, and on CUDA the trials of torchfuse's measured
+        layout choices (unfrozen graphs, layout="auto": the profiling runs,
+        the optimizing run, 4 alternating and 20 timed calls, and the call
+        that decides)."""
+        profiled = torch._C._jit_get_num_profiled_runs()
+        trial = profiled + 1 + 4 + 20 + 1 if self.device.type == "cuda" else 0
+        return max(self.args.warmup, profiled + 2, trial)
 
     def interleaved(self, spec: Spec, mode: str, v: str, base: str, ref: Reference) -> dict:
         """v against its baseline, timed in alternating rounds in this unit
@@ -639,6 +649,12 @@ class ModelBench:
 
             row["fused"] = torchfuse.report(fn)
             row["fused_ops"] = dict(collections.Counter(re.findall(r"torchfuse::(\w+)", str(fn.inlined_graph))))
+            # the measured layout choice this model's calls made (the latest
+            # site of this input and grad mode)
+            sites = [m for m in torchfuse.measured_layouts()
+                     if m["input_sizes"] == list(x0.shape) and m["grad"] == train]
+            if sites:
+                row["measured_layout"] = sites[-1]
 
         # verify, after the warm-up: the optimized graph is what runs
         mine = self.run_once(fn, model, x0, gys, train, mode)
