@@ -454,6 +454,7 @@ def test_cuda_auto_measures_each_site_and_every_call_matches_eager():
     torch.manual_seed(0)
     model = torchvision.models.resnet18(weights=None).cuda().train()
     mine = copy.deepcopy(model)
+    nhwc = copy.deepcopy(model).to(memory_format=torch.channels_last)
     reference = copy.deepcopy(model).double()
     opt = unfrozen(mine, "auto")
     assert entry_count(opt) == 1
@@ -471,13 +472,16 @@ def test_cuda_auto_measures_each_site_and_every_call_matches_eager():
 
     ref = step(reference, reference)
     eager = step(model, model)
+    # NB: eager's error in either layout (cuDNN's NHWC algorithms round
+    # differently under TF32), as for the running statistics above
+    eager_err = [max(rel_err(e, r), rel_err(n, r)) for r, e, n in zip(ref, eager, step(nhwc, nhwc))]
     floor = floor_for(torch.float32)
     calls = 32  # past the protocol's 2 + 4 + 20 + 1 with the default profiling runs
     for k in range(calls):
         got = step(mine, opt)
-        for r, e, g in zip(ref, eager, got):
-            assert g.dtype == e.dtype and same_layout(g, e), k
-            assert rel_err(g, r) <= 2 * rel_err(e, r) + floor, k
+        for i, (r, e, g) in enumerate(zip(ref, eager, got)):
+            assert g.dtype == e.dtype and same_layout(g, e), (k, i, g.stride(), e.stride())
+            assert rel_err(g, r) <= 2 * eager_err[i] + floor, (k, i, rel_err(g, r), eager_err[i])
     site = measured_site(x.shape, True)
     assert site is not None and site["calls"] == calls and site["dtype"] == "Float"
     assert site["autocast"] is None
@@ -486,10 +490,10 @@ def test_cuda_auto_measures_each_site_and_every_call_matches_eager():
     # inference calls: a site of their own
     with torch.no_grad():
         want = model(x)
-        for _ in range(calls):
+        for k in range(calls):
             y = opt(x)
-            assert same_layout(y, want)
-            assert rel_err(y, ref[0]) <= 2 * rel_err(want, ref[0]) + floor
+            assert same_layout(y, want), k
+            assert rel_err(y, ref[0]) <= 2 * eager_err[0] + floor, (k, rel_err(y, ref[0]), eager_err[0])
     site = measured_site(x.shape, False)
     assert site is not None and site["channels_last"] in (True, False)
 
