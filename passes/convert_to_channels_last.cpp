@@ -25,8 +25,9 @@
 // module's attributes on each call, so the region's first convolution reads
 // its weight through custom_channels_last_weight, which converts it where
 // the input and every region weight suggest NCHW (the original's region is
-// then all contiguous); the restore op reads that decision from the weight
-// and the op's result.  BatchNorm may train there: its statistics are
+// then all contiguous), and under layout=auto where the call site's measured
+// choice says so; the restore op reads that decision from the weight and
+// the op's result.  BatchNorm may train there: its statistics are
 // per-channel, whatever the layout.
 
 #include <ATen/ATen.h>
