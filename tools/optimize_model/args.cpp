@@ -336,9 +336,12 @@ options:
                         the 2-d convolutions' layout: with --freeze, auto
                         (default) stores CUDA weights channels-last where the
                         cost model says it is faster, channels_last does so
-                        on any device; without --freeze only channels_last
-                        converts (the first weight, on each call); keep leaves
-                        them; outputs keep the original's memory format
+                        on any device; without --freeze the first weight is
+                        converted on each call, by channels_last always, by
+                        auto for CUDA weights where the cost model says so
+                        and each call site's timed first calls agree; keep
+                        leaves them; outputs keep the original's memory
+                        format
   --device=D            load, optimize and check the model on D: cpu
                         (default), cuda or cuda:N; on CUDA, --layout=auto can
                         store the weights channels-last; OUT.pt's tensors are
