@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <optional>
 #include <string>
 
 #include "torchfuse/backends.h"
@@ -80,6 +81,28 @@ py::list fusionsList() {
     d["chain"] = f.chain;
     d["ops"] = f.ops;
     d["by_default"] = f.by_default;
+    l.append(d);
+  }
+  return l;
+}
+
+template <typename T>
+py::object orNone(const std::optional<T>& v) {
+  return v ? py::cast(*v) : py::none();
+}
+
+py::list measuredLayoutsList() {
+  py::list l;
+  for (const auto& site : torchfuse::measuredLayouts()) {
+    py::dict d;
+    d["input_sizes"] = site.input_sizes;
+    d["dtype"] = site.dtype;
+    d["grad"] = site.grad;
+    d["autocast"] = site.autocast.empty() ? py::none() : py::cast(site.autocast);
+    d["calls"] = site.calls;
+    d["channels_last"] = orNone(site.channels_last);
+    d["nchw_ms"] = orNone(site.nchw_ms);
+    d["channels_last_ms"] = orNone(site.channels_last_ms);
     l.append(d);
   }
   return l;
@@ -162,22 +185,9 @@ PYBIND11_MODULE(_C, m) {
         py::arg("graph"), py::arg("passes") = std::vector<std::string>{},
         "Runs Canonicalize and the fusions on a torch._C.Graph in place");
   m.def("report", &torchfuse::report, py::arg("module"));
-  m.def("measured_layouts", [] {
-    py::list out;
-    for (const auto& l : torchfuse::measuredLayouts()) {
-      py::dict d;
-      d["input_sizes"] = l.input_sizes;
-      d["dtype"] = l.dtype;
-      d["grad"] = l.grad;
-      d["autocast"] = l.autocast.empty() ? py::object(py::none()) : py::object(py::str(l.autocast));
-      d["calls"] = l.calls;
-      d["channels_last"] = l.channels_last ? py::object(py::bool_(*l.channels_last)) : py::none();
-      d["nchw_ms"] = l.nchw_ms ? py::object(py::float_(*l.nchw_ms)) : py::none();
-      d["channels_last_ms"] =
-          l.channels_last_ms ? py::object(py::float_(*l.channels_last_ms)) : py::none();
-      out.append(d);
-    }
-    return out;
-  });
+  m.def(
+      "measured_layouts", &measuredLayoutsList,
+      "The measured layout choices of layout=auto's unfrozen graphs: [{input_sizes, dtype, "
+      "grad, autocast, calls, channels_last, nchw_ms, channels_last_ms}]");
   bindBackends(m);
 }
