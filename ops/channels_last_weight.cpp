@@ -10,11 +10,10 @@
 // weight makes the original's convolution channels-last from there on).
 // custom_restore_layout(v, weight, result) reads the same decision back
 // from the pair: it restores contiguous strides exactly when this op
-// converted.  any_device false: CUDA inputs only.  measured (layout="auto"):
-// where it could convert, the call site's measured choice decides whether
-// it does (ops/measured_layout.h); the pass inserts it so where the cost
-// model cannot tell, the host work of the conversions being what the FLOPs
-// do not show.
+// converted.  any_device false: CUDA inputs only.  measured (the pass's
+// layout="auto"): where it could convert, the call site's measured choice
+// decides whether it does (ops/measured_layout.h), since the FLOP cost
+// model does not see the host work of the per-call conversions.
 //
 // NB: CompositeImplicitAutograd, as aten::contiguous (whose alias schema
 // this shares): the gradient reaches the weight through the copy, and

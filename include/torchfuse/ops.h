@@ -192,7 +192,7 @@ TORCHFUSE_API at::Tensor custom_unmasked_attention(
 // layout="auto" (custom_channels_last_weight with measured=true), oldest
 // first: each call site's input, mode, calls so far, and once decided
 // whether it runs channels-last, with the median block times (ms) it was
-// decided by (docs/passes.md, "Channels-last layout").
+// decided by (docs/passes.md, "Unfrozen graphs").
 struct MeasuredLayout {
   std::vector<int64_t> input_sizes;
   std::string dtype;

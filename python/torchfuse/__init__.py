@@ -207,7 +207,7 @@ def measured_layouts() -> List[Dict[str, Any]]:
     autocast dtype.  Each has ``calls`` so far and, once decided,
     ``channels_last`` (else None) with the median times in ms of the
     blocks of calls it was decided by (``nchw_ms``, ``channels_last_ms``).
-    See docs/passes.md, "Channels-last layout"."""
+    See docs/passes.md, "Unfrozen graphs"."""
     return list(_C.measured_layouts())
 
 
