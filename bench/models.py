@@ -111,12 +111,18 @@ MODEL_NAMES = ["resnet50", "mobilenet_v3_large", "efficientnet_b0", "vgg16", "be
 MODES = ["eval_fp32", "eval_fp16", "eval_bf16", "train_fp32", "train_fp16", "train_bf16"]
 VARIANTS = ["eager", "eager_cl", "torchscript", "freeze", "freeze_cl", "ofi", "compile", "torchfuse", "torchfuse_freeze",
             "torchfuse_compile"]
+# optimize(m, layout=...) of the unfrozen module, the CNNs only: against
+# "torchfuse" (layout="auto", the measured choice), what each fixed layout
+# gives; run only where named (not in "all")
+LAYOUT_VARIANTS = {"torchfuse_keep": "keep", "torchfuse_cl": "channels_last"}
 EVAL_ONLY = {"freeze", "freeze_cl", "ofi", "torchfuse_freeze"}
 CL_ONLY = {"eager_cl", "freeze_cl"}  # channels-last: the CNNs only
 # the TorchScript module each torchfuse variant replaces
-BASELINE = {"torchfuse": "torchscript", "torchfuse_freeze": "freeze", "torchfuse_compile": "compile"}
+BASELINE = {"torchfuse": "torchscript", "torchfuse_freeze": "freeze", "torchfuse_compile": "compile",
+            "torchfuse_keep": "torchscript", "torchfuse_cl": "torchscript"}
 # cheapest first, so that a run cut short by its budget has the comparisons
-PHASES = [["eager", "torchscript", "torchfuse", "freeze", "torchfuse_freeze", "eager_cl", "freeze_cl", "ofi"],
+PHASES = [["eager", "torchscript", "torchfuse", "torchfuse_keep", "torchfuse_cl", "freeze", "torchfuse_freeze",
+           "eager_cl", "freeze_cl", "ofi"],
           ["compile", "torchfuse_compile"]]
 COMPILED = {"compile", "torchfuse_compile"}  # torch.compile variants: Dynamo is reset after each
 MIN_SECONDS = {"compile": 60.0, "torchfuse_compile": 60.0}  # a unit is not started with less left of the budget
@@ -245,7 +251,7 @@ def check_no_dropout(model: nn.Module) -> None:
 def applicable(spec: Spec, mode: str, variant: str) -> bool:
     if variant in EVAL_ONLY and not mode.startswith("eval"):
         return False
-    if variant in CL_ONLY and spec.kind != "cnn":
+    if (variant in CL_ONLY or variant in LAYOUT_VARIANTS) and spec.kind != "cnn":
         return False
     return True
 
@@ -404,6 +410,10 @@ class ModelBench:
             import torchfuse
 
             return torchfuse.optimize(self.trace_or_script(spec, model, x), freeze=v == "torchfuse_freeze")
+        if v in LAYOUT_VARIANTS:
+            import torchfuse
+
+            return torchfuse.optimize(self.trace_or_script(spec, model, x), layout=LAYOUT_VARIANTS[v])
         raise ValueError(v)
 
     # -- references
@@ -937,9 +947,9 @@ def short_table(data: dict) -> str:
 
 # ------------------------------------------------------------------- main ----
 
-def selection(arg: str, known: list, what: str) -> Optional[list]:
+def selection(arg: str, known: list, what: str, named_only=()) -> Optional[list]:
     if arg == "all":
-        return list(known)
+        return [k for k in known if k not in named_only]
     names = [n for n in arg.split(",") if n]
     unknown = [n for n in names if n not in known]
     if unknown or not names:
@@ -953,7 +963,8 @@ def parse_args(argv=None):
     ap.add_argument("--models", default="all", help=f"comma-separated, of {','.join(MODEL_NAMES)}")
     ap.add_argument("--modes", default="all", help=f"comma-separated, of {','.join(MODES)}")
     ap.add_argument("--variants", default="all", help=f"comma-separated, of {','.join(VARIANTS)} "
-                    "(eager and each torchfuse variant's baseline are added)")
+                    f"(all), or {','.join(LAYOUT_VARIANTS)} (only where named; eager and each "
+                    "torchfuse variant's baseline are added)")
     ap.add_argument("--budget-s", type=float, default=540.0, help="total time budget; later units are skipped")
     ap.add_argument("--unit-timeout-s", type=float, default=300.0, help="time limit of one unit, compiling included")
     ap.add_argument("--reps", type=int, default=None, help="timed runs at least (default 20; 2 with --dry-run)")
@@ -987,7 +998,7 @@ def main(argv=None) -> int:
 
     models = selection(args.models, MODEL_NAMES, "model")
     modes = selection(args.modes, MODES, "mode")
-    variants = selection(args.variants, VARIANTS, "variant")
+    variants = selection(args.variants, VARIANTS + list(LAYOUT_VARIANTS), "variant", LAYOUT_VARIANTS)
     if models is None or modes is None or variants is None:
         return 2
     variants = set(variants) | {"eager"} | {BASELINE[v] for v in variants if v in BASELINE}
