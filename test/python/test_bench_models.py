@@ -311,3 +311,20 @@ def test_host_bound_rows_are_listed(models):
     assert "| b | eval_bf16 |" not in md.split("host-bound rows")[1]
     cpu_only = {"gpu": "G", "rows": {"c/eval_fp32/eager": data["rows"]["c/eval_fp32/eager"]}}
     assert "host-bound rows" not in models.markdown_section(cpu_only)
+
+
+def test_layout_variants_run_only_where_named_and_only_for_cnns(models):
+    """torchfuse_keep and torchfuse_cl (optimize with a fixed layout) are
+    not part of "all"; named, they are known, CNN-only, and timed against
+    TorchScript."""
+    known = models.VARIANTS + list(models.LAYOUT_VARIANTS)
+    every = models.selection("all", known, "variant", models.LAYOUT_VARIANTS)
+    assert not set(models.LAYOUT_VARIANTS) & set(every) and "torchfuse" in every
+    assert models.selection("torchfuse_keep,torchfuse_cl", known, "variant",
+                            models.LAYOUT_VARIANTS) == ["torchfuse_keep", "torchfuse_cl"]
+    cnn, mlp = models.Spec.__new__(models.Spec), models.Spec.__new__(models.Spec)
+    cnn.kind, mlp.kind = "cnn", "mlp"
+    for v in models.LAYOUT_VARIANTS:
+        assert models.BASELINE[v] == "torchscript"
+        assert models.applicable(cnn, "train_fp32", v) and models.applicable(cnn, "eval_fp16", v)
+        assert not models.applicable(mlp, "eval_fp32", v)
