@@ -13,6 +13,7 @@
 #include <c10/core/Event.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <c10/util/Exception.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 
 #ifdef TORCHFUSE_WITH_CUDA
@@ -127,8 +128,16 @@ bool measuredChannelsLast(const at::Tensor& weight, const at::Tensor& input) {
   if (!call.resolve) {
     return call.candidate;
   }
-  site.stamps.back().synchronize();
-  site.choice.resolve(blockTimes(site.stamps));
+  // NB: a timer that fails (events the backend cannot time) keeps the
+  // original, rather than failing the user's call.
+  std::vector<double> block_ms;
+  try {
+    site.stamps.back().synchronize();
+    block_ms = blockTimes(site.stamps);
+  } catch (const c10::Error&) {
+    block_ms.clear();
+  }
+  site.choice.resolve(block_ms);
   site.stamps.clear();
   site.info.channels_last = site.choice.decided();
   if (const auto m = site.choice.medians()) {
