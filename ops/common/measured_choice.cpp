@@ -1,6 +1,7 @@
 #include "ops/common/measured_choice.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace torchfuse::ops {
 
@@ -58,16 +59,19 @@ void MeasuredChoice::resolve(const std::vector<double>& block_ms) {
   for (size_t b = 0; b < std::min(n, block_ms.size()); ++b) {
     (blockRunsCandidate(static_cast<int64_t>(b)) ? candidate : original).push_back(block_ms[b]);
   }
-  if (block_ms.size() < n || original.empty() || candidate.empty()) {
+  // NB: a failed timer (too few blocks, a NaN or a time <= 0) keeps the
+  // original; checked before sorting, which NaN would leave unordered.
+  const bool timed = block_ms.size() >= n &&
+      std::all_of(block_ms.begin(), block_ms.end(),
+                  [](double t) { return std::isfinite(t) && t > 0; });
+  if (!timed) {
     decided_ = false;
     return;
   }
   const double o = median(original);
   const double c = median(candidate);
   medians_ = std::make_pair(o, c);
-  // NB: not `c < o * (1 - margin)` alone: a NaN time (a failed timer) keeps
-  // the original too.
-  decided_ = c <= o * (1.0 - p_.margin) && c > 0;
+  decided_ = c <= o * (1.0 - p_.margin);
 }
 
 } // namespace torchfuse::ops

@@ -111,8 +111,16 @@ TEST(MeasuredChoice, MediansIgnoreAnOutlierBlock) {
 }
 
 TEST(MeasuredChoice, AFailedTimerKeepsTheOriginal) {
+  std::vector<double> one_nan = {8, 10, 10, 8, 8, 10, 10, 8, 8, 10};
+  one_nan[3] = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> one_zero = {8, 10, 10, 8, 8, 10, 10, 8, 8, 10};
+  one_zero[0] = 0;
   for (const auto& blocks : std::vector<std::vector<double>>{
-           {}, {8, 10, 10}, std::vector<double>(10, std::numeric_limits<double>::quiet_NaN())}) {
+           {},
+           {8, 10, 10},
+           std::vector<double>(10, std::numeric_limits<double>::quiet_NaN()),
+           one_nan,
+           one_zero}) {
     MeasuredChoice c(protocol());
     while (!c.next().resolve) {
     }
