@@ -50,9 +50,11 @@ struct Sites {
   std::deque<std::vector<int64_t>> order;
 };
 
+// NB: never destroyed: a site mid-trial holds CUDA events, which must not
+// be destroyed after the CUDA runtime at exit.
 Sites& sites() {
-  static Sites s;
-  return s;
+  static auto* s = new Sites();
+  return *s;
 }
 
 bool capturing() {
