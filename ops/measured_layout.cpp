@@ -24,6 +24,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "ops/common/measured_choice.h"
@@ -37,11 +39,21 @@ namespace {
 // mode in a program; a freed model's entries age out.
 constexpr size_t kMaxSites = 64;
 
+// A site's calls: its input and mode (what measuredLayouts() reports
+// besides the choice's own state), the choice, and the trial's stamps.
 struct Site {
-  explicit Site(MeasuredChoiceProtocol p) : choice(p) {}
+  Site(MeasuredChoiceProtocol p, const at::Tensor& input, bool grad, std::string autocast)
+      : choice(p),
+        input_sizes(input.sizes().vec()),
+        dtype(c10::toString(input.scalar_type())),
+        grad(grad),
+        autocast(std::move(autocast)) {}
   MeasuredChoice choice;
   std::vector<c10::Event> stamps;
-  MeasuredLayout info;
+  std::vector<int64_t> input_sizes;
+  std::string dtype;
+  bool grad;
+  std::string autocast;
 };
 
 struct Sites {
@@ -65,17 +77,14 @@ bool capturing() {
 #endif
 }
 
-std::vector<int64_t> keyOf(const at::Tensor& weight, const at::Tensor& input, bool grad) {
+Site& siteFor(Sites& s, const at::Tensor& weight, const at::Tensor& input, bool grad) {
   const bool autocast = at::autocast::is_autocast_enabled(at::kCUDA);
+  const auto autocast_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
   std::vector<int64_t> key = {
       static_cast<int64_t>(reinterpret_cast<intptr_t>(weight.unsafeGetTensorImpl())),
       input.get_device(), static_cast<int64_t>(input.scalar_type()), grad,
-      autocast ? static_cast<int64_t>(at::autocast::get_autocast_dtype(at::kCUDA)) : -1};
+      autocast ? static_cast<int64_t>(autocast_dtype) : -1};
   key.insert(key.end(), input.sizes().begin(), input.sizes().end());
-  return key;
-}
-
-Site& siteFor(Sites& s, const std::vector<int64_t>& key, const at::Tensor& input, bool grad) {
   auto it = s.sites.find(key);
   if (it != s.sites.end()) {
     return *it->second;
@@ -87,15 +96,10 @@ Site& siteFor(Sites& s, const std::vector<int64_t>& key, const at::Tensor& input
   MeasuredChoiceProtocol p;
   // NB: the executor's profiling runs and its optimizing run.
   p.settle = static_cast<int64_t>(torch::jit::getNumProfiledRuns().load()) + 1;
-  auto site = std::make_unique<Site>(p);
-  site->info.input_sizes = input.sizes().vec();
-  site->info.dtype = std::string(c10::toString(input.scalar_type()));
-  site->info.grad = grad;
-  site->info.autocast = at::autocast::is_autocast_enabled(at::kCUDA)
-      ? std::string(c10::toString(at::autocast::get_autocast_dtype(at::kCUDA)))
-      : std::string();
+  auto site = std::make_unique<Site>(
+      p, input, grad, autocast ? std::string(c10::toString(autocast_dtype)) : std::string());
   s.order.push_back(key);
-  return *(s.sites[key] = std::move(site));
+  return *(s.sites[std::move(key)] = std::move(site));
 }
 
 std::vector<double> blockTimes(const std::vector<c10::Event>& stamps) {
@@ -116,12 +120,11 @@ bool measuredChannelsLast(const at::Tensor& weight, const at::Tensor& input) {
   const bool grad = c10::GradMode::is_enabled();
   auto& s = sites();
   std::lock_guard<std::mutex> lock(s.mutex);
-  Site& site = siteFor(s, keyOf(weight, input, grad), input, grad);
+  Site& site = siteFor(s, weight, input, grad);
   if (capturing()) {
     return site.choice.decided().value_or(false);
   }
   const auto call = site.choice.next();
-  site.info.calls = site.choice.calls();
   if (call.stamp) {
     const c10::impl::VirtualGuardImpl impl(input.device().type());
     site.stamps.emplace_back(input.device().type(), c10::EventFlag::BACKEND_DEFAULT);
@@ -141,11 +144,6 @@ bool measuredChannelsLast(const at::Tensor& weight, const at::Tensor& input) {
   }
   site.choice.resolve(block_ms);
   site.stamps.clear();
-  site.info.channels_last = site.choice.decided();
-  if (const auto m = site.choice.medians()) {
-    site.info.nchw_ms = m->first;
-    site.info.channels_last_ms = m->second;
-  }
   return *site.choice.decided();
 }
 
@@ -156,7 +154,19 @@ std::vector<MeasuredLayout> measuredLayouts() {
   std::lock_guard<std::mutex> lock(s.mutex);
   std::vector<MeasuredLayout> out;
   for (const auto& key : s.order) {
-    out.push_back(s.sites.at(key)->info);
+    const auto& site = *s.sites.at(key);
+    MeasuredLayout l;
+    l.input_sizes = site.input_sizes;
+    l.dtype = site.dtype;
+    l.grad = site.grad;
+    l.autocast = site.autocast;
+    l.calls = site.choice.calls();
+    l.channels_last = site.choice.decided();
+    if (const auto m = site.choice.medians()) {
+      l.nchw_ms = m->first;
+      l.channels_last_ms = m->second;
+    }
+    out.push_back(std::move(l));
   }
   return out;
 }
