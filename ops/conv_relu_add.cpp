@@ -6,6 +6,7 @@
 #include "ops/conv_relu_add.h"
 
 #include <ATen/ATen.h>
+#include <ATen/TensorIterator.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/accumulate.h>
 #include <c10/util/safe_numerics.h>
@@ -376,6 +377,39 @@ bool convKernelsHandle(
 
 bool convReluAddHandles(const ConvReluAddArgs& a) {
   return convKernelsHandle(a.input, a.weight, a.bias, a.other);
+}
+
+namespace {
+at::Tensor onMeta(const at::Tensor& t) {
+  return t.is_meta() ? t : at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
+}
+} // namespace
+
+at::Tensor emptyEagerResult(const at::Tensor& conv, const at::Tensor& other) {
+  at::Tensor relu, sum;
+  const auto r = at::TensorIterator::unary_op(relu, onMeta(conv));
+  const auto s = at::TensorIterator::binary_op(sum, r.output(), onMeta(other));
+  return s.output();
+}
+
+at::Tensor withEagerStrides(at::Tensor out, const ConvReluAddArgs& a) {
+  const auto sizes = out.sizes();
+  if (std::none_of(sizes.begin(), sizes.end(), [](int64_t s) { return s == 1; })) {
+    return out;
+  }
+  const auto want = emptyEagerResult(
+      emptyConvOutput(onMeta(a.input), onMeta(a.weight), a.stride, a.padding, a.dilation), a.other);
+  if (out.strides() == want.strides()) {
+    return out;
+  }
+  bool same_places = want.sizes() == sizes;
+  for (size_t d = 0; same_places && d < sizes.size(); ++d) {
+    same_places = sizes[d] == 1 || out.stride(d) == want.stride(d);
+  }
+  if (same_places) {
+    return out.as_strided(sizes, want.strides(), out.storage_offset());
+  }
+  return at::empty_strided(sizes, want.strides(), out.options()).copy_(out);
 }
 
 at::Tensor convReluAddReference(const ConvReluAddArgs& a) {

@@ -195,6 +195,23 @@ at::Tensor emptyConvOutput(
     at::IntArrayRef padding,
     at::IntArrayRef dilation);
 
+// The empty result eager's relu(conv) + alpha * other allocates, on Meta,
+// for a conv output `conv` in eager's strides (emptyConvOutput): by
+// TensorIterator itself.  NB: not at::relu and at::add on Meta tensors, whose
+// kernels (torch._refs) keep an ambiguous input's strides where
+// TensorIterator picks canonical ones.  Concrete sizes only.
+at::Tensor emptyEagerResult(const at::Tensor& conv, const at::Tensor& other);
+
+// `out` (the op's result for `a`, computed in any layout) in the strides
+// eager's relu(conv) + alpha * other gives.  They differ only where the
+// result has a size-1 dimension, so that its layout is ambiguous: eager's
+// out-of-place relu then picks its own strides (outOfPlaceStrides) and the
+// add follows them, where a kernel writing its epilogue into the conv
+// output keeps the conv's.  Computed (emptyEagerResult) only then.
+// A result whose elements lie where eager's do is restrided (no view: it is
+// as fresh as `out`), any other one copied.
+at::Tensor withEagerStrides(at::Tensor out, const ConvReluAddArgs& a);
+
 // Checks the backward's arguments, the mask's size in the order
 // convMaskOrder(input, weight) included, and returns the conv output's shape.
 std::vector<int64_t> checkConvReluAddBackwardInputs(const ConvReluAddBackwardArgs& a);

@@ -173,6 +173,11 @@ c10::Symbol fromInPlaceAttr() {
   return c10::Symbol::attr("torchfuse_from_inplace");
 }
 
+bool isInPlaceSpelling(const Node* n) {
+  const std::string_view kind = n->kind().toUnqualString();
+  return (!kind.empty() && kind.back() == '_') || n->hasAttribute(fromInPlaceAttr());
+}
+
 std::optional<ActivationSpec> activationSpec(const Node* n) {
   const auto* a = fusableActivation(n);
   if (a == nullptr) {
@@ -181,8 +186,7 @@ std::optional<ActivationSpec> activationSpec(const Node* n) {
   ActivationSpec spec{std::string(a->op), {}};
   // NB: "relu_": the op keeps the conv output's strides as the in-place
   // spelling does (they differ where the layout is ambiguous).
-  const std::string_view kind = n->kind().toUnqualString();
-  const bool in_place = (!kind.empty() && kind.back() == '_') || n->hasAttribute(fromInPlaceAttr());
+  const bool in_place = isInPlaceSpelling(n);
   if (a->schema == "aten::relu6") {
     spec.args = {0.0, 6.0};
   } else if (a->schema == "aten::gelu") {

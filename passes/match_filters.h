@@ -76,6 +76,9 @@ bool activationArgumentsAreConstant(const Node* n);
 // The attribute Canonicalize puts on the relus it made from relu_, until
 // RestoreInPlace.
 c10::Symbol fromInPlaceAttr();
+// The node is an in-place spelling: relu_, hardtanh_ and the like, or a relu
+// Canonicalize made from relu_.
+bool isInPlaceSpelling(const Node* n);
 
 // custom_conv_add_act's `activation` and `activation_args` for a node that
 // passes both predicates above (relu6 is hardtanh(0, 6)); the name ends in

@@ -17,7 +17,7 @@ namespace torchfuse::passes {
 namespace {
 
 bool isOutOfPlaceSpelling(const Node* n) {
-  return isRelu(n, /*allow_inplace=*/false) && !n->hasAttribute(fromInPlaceAttr());
+  return isRelu(n, /*allow_inplace=*/false) && !isInPlaceSpelling(n);
 }
 
 } // namespace

@@ -18,6 +18,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
+#include <utility>
+
 #include "ops/common/conv_composites.h"
 #include "ops/conv_relu_add.h"
 #include "ops/cuda/conv/plan.h"
@@ -54,11 +56,12 @@ at::Tensor convReluAddCuda(const ConvReluAddArgs& a) {
   if (!convReluAddHandles(a)) {
     return convReluAddReference(a);
   }
-  return std::get<0>(forwardCuda(a, /*with_mask=*/false));
+  return withEagerStrides(std::get<0>(forwardCuda(a, /*with_mask=*/false)), a);
 }
 
 std::tuple<at::Tensor, at::Tensor> convReluAddForwardCuda(const ConvReluAddArgs& a) {
-  return forwardCuda(a, /*with_mask=*/true);
+  auto [out, mask] = forwardCuda(a, /*with_mask=*/true);
+  return {withEagerStrides(std::move(out), a), std::move(mask)};
 }
 
 ConvReluAddGrads convReluAddBackwardCuda(const ConvReluAddBackwardArgs& a) {

@@ -30,8 +30,19 @@ at::Tensor convOutputMeta(const ConvReluAddArgs& a) {
   return emptyConvOutput(input, weight, stride, padding, dilation);
 }
 
+// NB: relu out of place, as the op's: over a conv output with a size-1
+// dimension it picks its own strides (withEagerStrides), which the add
+// follows.  Symbolic sizes (torch.compile's dynamic shapes) take the Meta
+// ops' strides.
+at::Tensor resultMeta(const at::Tensor& conv, const ConvReluAddArgs& a) {
+  if (anySymbolic({conv, a.other})) {
+    return at::add(at::relu(conv), a.other, a.alpha);
+  }
+  return emptyEagerResult(conv, a.other);
+}
+
 at::Tensor convReluAddMeta(const ConvReluAddArgs& a) {
-  return at::add(convOutputMeta(a), a.other, a.alpha);
+  return resultMeta(convOutputMeta(a), a);
 }
 
 std::tuple<at::Tensor, at::Tensor> convReluAddForwardMeta(const ConvReluAddArgs& a) {
@@ -44,7 +55,7 @@ std::tuple<at::Tensor, at::Tensor> convReluAddForwardMeta(const ConvReluAddArgs&
   }
   const auto order = convMaskOrder(a.input, a.weight);
   return {
-      at::add(conv, a.other, a.alpha),
+      resultMeta(conv, a),
       at::empty_symint(
           {convMaskBytes(images, a.weight.sym_size(0), positions, order)},
           a.input.options().dtype(at::kByte))};

@@ -280,14 +280,13 @@ CASES = [
         return v16
 """, marks=pytest.mark.xfail(strict=True, reason="the folded batch_norm's ambiguous output strides in the "
                                                "channels-last modes (fuzz seed 20261206 program 1526)")),
-    # Known, not yet fixed: conv -> relu_ -> add of a broadcast operand, the
-    # conv output [4, 4, 1, 1] (its layout ambiguous) from a channels-last
-    # input.  The original's in-place relu_ keeps the conv output's
-    # channels-last strides, and the add follows them: (4, 1, 4, 4).
-    # custom_conv_relu_add's schema does not say which relu spelling it
-    # replaced, and it computes relu out of place (TensorIterator's
-    # (4, 1, 1, 1)).  Only strides of size-1 dims differ.  The fix is a
-    # spelling argument for the op, as custom_conv_add_act has.
+    # conv -> relu_ -> add of a broadcast operand, the conv output
+    # [4, 4, 1, 1] (its layout ambiguous) from a channels-last input.  The
+    # original's in-place relu_ keeps the conv output's channels-last strides,
+    # and the add follows them: (4, 1, 4, 4).  custom_conv_relu_add computes
+    # relu out of place (TensorIterator's (4, 1, 1, 1)); FuseConvReluAdd now
+    # leaves relu_ to FuseConvAddAct, whose activation names the spelling
+    # (reluWritesConvOutput).
     case("conv_relu_add_in_place_relu_strides_of_an_ambiguous_output", [[4, 3, 4, 5]], 611, {}, """\
         self.conv16 = nn.Conv2d(3, 4, 2, stride=1, padding=2, dilation=2, groups=1, bias=True)
         self.p37 = self.conv16.weight
@@ -306,8 +305,7 @@ CASES = [
         v47 = self.act46(v45)
         v49 = v47 + self.p48
         return v49
-""", marks=pytest.mark.xfail(strict=True, reason="custom_conv_relu_add's relu spelling over an ambiguous conv "
-                                               "output (fuzz seed 20261224 program 611)")),
+"""),
     # Under autocast (CPU, bfloat16) in training, custom_unmasked_attention's
     # backward needed its float32 input view, which a later in-place silu_ of
     # x1 modifies; the original's attention saved autocast's bfloat16 copies,

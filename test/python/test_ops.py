@@ -1,7 +1,8 @@
 """CPU tests of the torchfuse ops from Python: gradcheck, opcheck, TorchScript
 scripting and save/load, the no-grad path, and batch-norm running stats.
 
-The CUDA side is tested in test_cuda_ops.py.
+The CUDA side is tested in test_cuda_ops.py, except where one test compares
+every device with eager.
 """
 
 import copy
@@ -12,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torch.testing._internal.optests.generate_tests  # noqa: F401  (OpCheckError)
+from cuda_utils import CUDA_ONLY, poison_allocator
 
 ops = torch.ops.torchfuse
 F64 = torch.float64
@@ -145,6 +147,59 @@ def test_conv_relu_add_mask_order(layout):
         assert len(got) == 4
         for g, r in zip(got, (xr.grad, wr.grad, br.grad, orr.grad.reshape(5))):
             torch.testing.assert_close(g, r)
+
+
+# Convolutions whose outputs have size-1 dimensions (their layout ambiguous):
+# name -> (x, weight, stride); the comment gives the conv output.
+AMBIGUOUS_CONVS = {
+    "se_1x1": ((3, 8, 1, 1), (6, 8, 1, 1), 1),         # [3, 6, 1, 1]
+    "pooled_to_1x1": ((3, 4, 5, 5), (6, 4, 3, 3), 2),  # [3, 6, 1, 1]
+    "one_channel": ((3, 4, 5, 6), (1, 4, 3, 3), 1),    # [3, 1, 3, 4]
+    "one_row": ((2, 4, 3, 7), (6, 4, 3, 3), 1),        # [2, 6, 1, 5]
+    "batch_of_one": ((1, 4, 1, 1), (6, 4, 1, 1), 1),   # [1, 6, 1, 1]
+}
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta", pytest.param("cuda", marks=CUDA_ONLY)])
+@pytest.mark.parametrize("form", list(AMBIGUOUS_CONVS))
+@pytest.mark.parametrize("layout", ["nchw", "input_cl", "weight_cl"])
+def test_conv_relu_add_strides_of_ambiguous_outputs(form, layout, device):
+    """Where the conv output has a size-1 dimension, eager's out-of-place
+    relu picks its own strides and the add follows them: the op and its
+    _forward form give those strides (the CUDA kernels write their epilogue
+    into the convolution's output, whose strides differ), with eager's
+    values and no view; the Meta kernels predict them, for every `other`."""
+    xs, ws, stride = AMBIGUOUS_CONVS[form]
+    torch.manual_seed(3)
+    x, w = signed(*xs, dtype=torch.float32), signed(*ws, dtype=torch.float32)
+    if layout == "input_cl":
+        x = x.contiguous(memory_format=torch.channels_last)
+    if layout == "weight_cl":
+        w = w.contiguous(memory_format=torch.channels_last)
+    b = signed(ws[0], dtype=torch.float32)
+    conv = F.conv2d(x, w, b, stride)
+    others = {"per_channel": signed(ws[0], 1, 1, dtype=torch.float32),
+              "scalar_like": signed(1, dtype=torch.float32),
+              "full": signed(*conv.shape, dtype=torch.float32),
+              "full_cl": signed(*conv.shape, dtype=torch.float32).contiguous(memory_format=torch.channels_last)}
+    args = ([stride, stride], [0, 0], [1, 1], 1)
+    on = device if device != "meta" else "cpu"
+
+    def place(t):
+        # NB: Tensor.to keeps a dense tensor's strides, channels-last included
+        return t.to(on) if device != "meta" else torch.empty_strided(t.shape, t.stride(), device="meta")
+
+    for name, o in others.items():
+        want = torch.add(torch.relu(conv), o, alpha=0.5)
+        for fn in (ops.custom_conv_relu_add, ops.custom_conv_relu_add_forward):
+            if device == "cuda":
+                poison_allocator([want.numel() * 4, conv.numel() * 4])
+            got = fn(place(x), place(w), place(b), *args, place(o), 0.5)
+            got = got[0] if isinstance(got, tuple) else got
+            assert got.stride() == want.stride(), (name, fn, got.stride(), want.stride())
+            if device != "meta":
+                torch.testing.assert_close(got.cpu(), want, msg=name)
+                assert got._base is None, name
 
 
 BN_OTHERS = {"per_channel": (3, 1, 1), "scalar_like": (1,), "full": (2, 3, 4, 2)}

@@ -254,9 +254,10 @@ def test_conv_relu_add(kwargs, shape, dtype):
     torch.manual_seed(0)
     ref, src = _twin(ConvReluAdd(**kwargs), dtype)
     opt = _optimize(src)
-    # chainIsAddSelf: `x + relu(conv)` keeps x's strides in eager; only its
+    # chainIsAddSelf: `x + relu(conv)` keeps x's strides in eager;
+    # reluWritesConvOutput: relu_ keeps the conv output's.  Only their
     # conv -> relu fuses (conv_add_act)
-    if kwargs.get("swap"):
+    if kwargs.get("swap") or kwargs.get("inplace"):
         FileCheck().check("torchfuse::custom_conv_add_act").check("aten::add").run(opt.graph)
     else:
         FileCheck().check("torchfuse::custom_conv_relu_add").check_not("aten::conv").run(opt.graph)

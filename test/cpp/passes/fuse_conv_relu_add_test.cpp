@@ -40,7 +40,7 @@ const char* const kConstants =
 // chain() and its variants; a negative one names the filter it tests.
 const Variant kVariants[] = {
     {"FusesConv2d", true, {}},
-    {"FusesInPlaceReluOnAFreshIntermediate", true, {{"relu(", "relu_("}}},
+    {"SkipsInPlaceRelu", false, {{"relu(", "relu_("}}}, // reluWritesConvOutput
     // addPromotes: add_ keeps the relu output's dtype, the op promotes.
     {"LeavesInPlaceAddOnAFreshIntermediate", false, {{"add(", "add_("}}},
     {"SkipsStringPaddingOverload", // isIntListConv
