@@ -197,9 +197,9 @@ at::Tensor emptyConvOutput(
 
 // The empty result eager's relu(conv) + alpha * other allocates, on Meta,
 // for a conv output `conv` in eager's strides (emptyConvOutput): by
-// TensorIterator itself.  NB: not at::relu and at::add on Meta tensors, whose
-// kernels (torch._refs) keep an ambiguous input's strides where
-// TensorIterator picks canonical ones.  Concrete sizes only.
+// TensorIterator itself.  NB: not at::relu and at::add on Meta tensors,
+// whose kernels keep an ambiguous input's strides where TensorIterator on
+// CPU and CUDA picks canonical ones.  Concrete sizes only.
 at::Tensor emptyEagerResult(const at::Tensor& conv, const at::Tensor& other);
 
 // `out` (the op's result for `a`, computed in any layout) in the strides
