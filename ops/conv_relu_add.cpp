@@ -33,7 +33,7 @@ TORCH_LIBRARY_FRAGMENT(torchfuse, m) {
   m.def(
       "custom_conv_relu_add_backward(Tensor grad_output, Tensor mask, "
       "Tensor input, Tensor weight, int[] stride, int[] padding, "
-      "int[] dilation, int groups, bool[4] output_mask) "
+      "int[] dilation, int groups, bool[4] output_mask, int? mask_order=None) "
       "-> (Tensor, Tensor, Tensor, Tensor)");
 }
 
@@ -53,8 +53,16 @@ using ConvSignature =
       const at::Tensor&,
       const at::Scalar&);
 using ConvBackwardSignature = ops::ConvReluAddGrads(
-    const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
-    at::IntArrayRef, at::IntArrayRef, at::IntArrayRef, int64_t, std::array<bool, 4>);
+    const at::Tensor&,
+    const at::Tensor&,
+    const at::Tensor&,
+    const at::Tensor&,
+    at::IntArrayRef,
+    at::IntArrayRef,
+    at::IntArrayRef,
+    int64_t,
+    std::array<bool, 4>,
+    std::optional<int64_t>);
 } // namespace
 
 at::Tensor custom_conv_relu_add(
@@ -332,6 +340,53 @@ std::vector<int64_t> checkConvReluAddInputs(const ConvReluAddArgs& a) {
   return out;
 }
 
+namespace {
+// t in memory format `format`: itself where it suggests that format, else a
+// copy with that format's canonical strides (which an ambiguous layout, a
+// size-1 dimension, needs: contiguous() would return it as it is).
+at::Tensor suggesting(const at::Tensor& t, at::MemoryFormat format) {
+  if (t.suggest_memory_format() == format) {
+    return t;
+  }
+  return at::empty_symint(t.sym_sizes(), t.options().memory_format(format)).copy_(t);
+}
+} // namespace
+
+std::optional<std::pair<at::Tensor, at::Tensor>> layoutsForMaskOrder(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    std::optional<int64_t> mask_order) {
+  constexpr const char* kBackward = "torchfuse::custom_conv_relu_add_backward";
+  if (!mask_order.has_value()) {
+    return std::nullopt;
+  }
+  TORCH_CHECK(
+      *mask_order == static_cast<int64_t>(ConvMaskOrder::PositionsInner) ||
+          *mask_order == static_cast<int64_t>(ConvMaskOrder::ChannelsInner),
+      kBackward,
+      ": expected mask_order to be None, 0 (positions-inner) or 1 (channels-inner), got ",
+      *mask_order);
+  checkDefined(kBackward, "input", input);
+  checkDefined(kBackward, "weight", weight);
+  const auto order = static_cast<ConvMaskOrder>(*mask_order);
+  if (order == convMaskOrder(input, weight)) {
+    return std::nullopt;
+  }
+  if (order == ConvMaskOrder::PositionsInner) {
+    return std::make_pair(
+        suggesting(input, at::MemoryFormat::Contiguous),
+        suggesting(weight, at::MemoryFormat::Contiguous));
+  }
+  const bool batched = input.dim() == weight.dim();
+  TORCH_CHECK(
+      batched && (input.dim() == 4 || input.dim() == 5), kBackward,
+      ": expected mask_order 1 (channels-inner) only for a batched 2-d or 3-d convolution, got a ",
+      batched ? "batched" : "unbatched", " ", input.dim(), "-D input");
+  const auto format =
+      input.dim() == 4 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::ChannelsLast3d;
+  return std::make_pair(suggesting(input, format), weight);
+}
+
 std::vector<int64_t> checkConvReluAddBackwardInputs(const ConvReluAddBackwardArgs& a) {
   const auto& [grad_output, mask, input, weight, stride, padding, dilation, groups, output_mask] =
       a;
@@ -432,13 +487,15 @@ std::tuple<at::Tensor, at::Tensor> convReluAddForward(const ConvReluAddArgs& a) 
       a.input, a.weight, a.bias, a.stride, a.padding, a.dilation, a.groups, a.other, a.alpha);
 }
 
-ConvReluAddGrads convReluAddBackward(const ConvReluAddBackwardArgs& a) {
+ConvReluAddGrads convReluAddBackward(
+    const ConvReluAddBackwardArgs& a,
+    std::optional<int64_t> mask_order) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("torchfuse::custom_conv_relu_add_backward", "")
                        .typed<ConvBackwardSignature>();
   return op.call(
       a.grad_output, a.mask, a.input, a.weight, a.stride, a.padding, a.dilation, a.groups,
-      a.output_mask);
+      a.output_mask, mask_order);
 }
 
 } // namespace ops

@@ -10,6 +10,7 @@
 #include <optional>
 #include <tuple>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace torchfuse::ops {
@@ -70,6 +71,19 @@ auto convReluAddKernel(
   return F(ConvReluAddArgs{input, weight, bias, stride, padding, dilation, groups, other, alpha});
 }
 
+// input and weight in layouts that give `mask_order` (custom_conv_relu_add_backward's
+// argument: the order the forward wrote the mask in), or std::nullopt where
+// theirs already do (or it is None).  NB: Inductor's layout optimization may
+// restride the saved input and weight between the forward and the backward,
+// so their layouts no longer name the mask's order.  Raises, naming
+// mask_order, for a value that is no order (0 positions-inner, 1
+// channels-inner) or one these tensors cannot give (channels-inner for an
+// unbatched or 1-d convolution).
+std::optional<std::pair<at::Tensor, at::Tensor>> layoutsForMaskOrder(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    std::optional<int64_t> mask_order);
+
 template <auto F>
 ConvReluAddGrads convReluAddBackwardKernel(
     const at::Tensor& grad_output,
@@ -80,7 +94,13 @@ ConvReluAddGrads convReluAddBackwardKernel(
     at::IntArrayRef padding,
     at::IntArrayRef dilation,
     int64_t groups,
-    std::array<bool, 4> output_mask) {
+    std::array<bool, 4> output_mask,
+    std::optional<int64_t> mask_order) {
+  if (const auto layouts = layoutsForMaskOrder(input, weight, mask_order)) {
+    return F(ConvReluAddBackwardArgs{
+        grad_output, mask, layouts->first, layouts->second, stride, padding, dilation, groups,
+        output_mask});
+  }
   return F(ConvReluAddBackwardArgs{
       grad_output, mask, input, weight, stride, padding, dilation, groups, output_mask});
 }
@@ -238,6 +258,9 @@ at::Tensor convReluAddReference(const ConvReluAddArgs& a);
 // (which also returns the ReLU mask) and _backward.
 at::Tensor convReluAdd(const ConvReluAddArgs& a);
 std::tuple<at::Tensor, at::Tensor> convReluAddForward(const ConvReluAddArgs& a);
-ConvReluAddGrads convReluAddBackward(const ConvReluAddBackwardArgs& a);
+// mask_order: the order the forward wrote `a.mask` in (layoutsForMaskOrder).
+ConvReluAddGrads convReluAddBackward(
+    const ConvReluAddBackwardArgs& a,
+    std::optional<int64_t> mask_order = std::nullopt);
 
 } // namespace torchfuse::ops

@@ -114,6 +114,10 @@ class ConvReluAddFunction : public torch::autograd::Function<ConvReluAddFunction
     ctx->saved_data["other_sizes"] = c10::IValue(a.other.sym_sizes());
     ctx->saved_data["alpha"] = a.alpha;
     ctx->saved_data["has_bias"] = a.bias.has_value() && a.bias->defined();
+    // NB: the order the mask was written in, for the backward to read it
+    // in: the saved input's and weight's layouts may change before it runs
+    // (layoutsForMaskOrder).
+    ctx->saved_data["mask_order"] = static_cast<int64_t>(convMaskOrder(a.input, a.weight));
     return {out, edge};
   }
 
@@ -138,6 +142,7 @@ class ConvReluAddFunction : public torch::autograd::Function<ConvReluAddFunction
     const auto dilation = ctx->saved_data["dilation"].toIntVector();
     const int64_t groups = ctx->saved_data["groups"].toInt();
     const auto alpha = ctx->saved_data["alpha"].toScalar();
+    const int64_t mask_order = ctx->saved_data["mask_order"].toInt();
     const bool needs_other = needs(3) && has_grad_out;
     const auto conv_sizes = convOutputSymSizes(input, weight, stride, padding, dilation);
     // relu's result's gradient: out's (summed to the conv output's shape by
@@ -153,7 +158,7 @@ class ConvReluAddFunction : public torch::autograd::Function<ConvReluAddFunction
         const bool batched = input.dim() == weight.dim();
         const auto grad = ConvReluGradFunction::apply(
             dy.sum_to_size_symint(conv_sizes).to(input.scalar_type()), saved[2], saved[3], batched,
-            static_cast<int64_t>(convMaskOrder(input, weight)));
+            mask_order);
         std::tie(grad_input, grad_weight, grad_bias) = convolveBackward(
             grad, input, weight, stride, padding, dilation, groups, {needs(0), needs(1), needs(2)},
             /*recording=*/true);
@@ -175,7 +180,7 @@ class ConvReluAddFunction : public torch::autograd::Function<ConvReluAddFunction
       const std::array<bool, 4> mask{needs(0), needs(1), needs(2), channel_other};
       at::Tensor grad_channels;
       std::tie(grad_input, grad_weight, grad_bias, grad_channels) = convReluAddBackward(
-          {dy, saved[2], input, weight, stride, padding, dilation, groups, mask});
+          {dy, saved[2], input, weight, stride, padding, dilation, groups, mask}, mask_order);
       if (needs_other) {
         grad_other = channel_other ? grad_channels.reshape_symint(other_sizes)
                                    : grad_out.sum_to_size_symint(other_sizes);
@@ -213,7 +218,10 @@ ConvReluAddGrads convReluAddBackwardAutograd(const ConvReluAddBackwardArgs& a) {
     return convReluAddBackwardComposite(a);
   }
   at::AutoDispatchBelowADInplaceOrView guard;
-  return convReluAddBackward(a);
+  // NB: the order named, not left to the layouts: a graph traced below
+  // this kernel (AOTAutograd's) records this call, and Inductor may
+  // restride its input and weight (layoutsForMaskOrder).
+  return convReluAddBackward(a, static_cast<int64_t>(convMaskOrder(a.input, a.weight)));
 }
 
 } // namespace

@@ -425,6 +425,50 @@ def test_inductor_backend_trains_and_infers_as_eager(dynamic):
         torch.testing.assert_close(compiled(x), model(x))
 
 
+class FusedAndPlainConv(nn.Module):
+    """conv_relu_add next to a convolution no chain takes: Inductor's layout
+    optimization then restrides the saved input and weight that
+    custom_conv_relu_add_backward reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 4, 3, padding=1)
+        self.conv2 = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        h = F.relu(self.conv1(x)) + x.mean(1, keepdim=True)
+        return torch.tanh(self.conv2(h)) + h
+
+
+def test_inductor_layout_optimization_keeps_the_masks_order():
+    """The backward reads the ReLU mask in the order the forward wrote it
+    (mask_order), not the one the restrided input and weight would give."""
+    torch._dynamo.reset()
+    model, _ = make(FusedAndPlainConv, (), train=True)
+    opt = copy.deepcopy(model)
+    seen = {}
+
+    def inductor(gm, example_inputs):
+        seen.update(tfx.report(gm))
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(gm, example_inputs)
+
+    compiled = torch.compile(opt, backend=tfx.make_backend(inner=inductor), fullgraph=True)
+    torch.manual_seed(10)
+    x = signed(2, 3, 6, 7)
+    torch.manual_seed(20)
+    want, want_g = step(model, [x], True)
+    torch.manual_seed(20)
+    got, got_g = step(compiled, [x], True)
+    assert seen["conv_relu_add"] == 1, seen
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_g[0], want_g[0])
+    ref = dict(model.named_parameters())
+    for name, p in opt.named_parameters():
+        torch.testing.assert_close(p.grad, ref[name].grad, msg=lambda m, name=name: f"{name}: {m}")
+
+
 # ---------------------------------------------------- a torchvision model
 
 

@@ -211,6 +211,38 @@ def test_conv_relu_add_strides_of_ambiguous_outputs(form, layout, device):
                 assert got._base is None, name
 
 
+@pytest.mark.parametrize("forward_layout", ["nchw", "input_cl"])
+def test_conv_relu_add_backward_reads_the_mask_in_the_order_named(forward_layout):
+    """mask_order names the order the forward wrote the mask in: a backward
+    whose input and weight were restrided since (Inductor's layout
+    optimization does) reads it so, with the gradients of the forward's
+    layouts; None derives it from the layouts; a value that is no order is
+    refused, naming the argument."""
+    torch.manual_seed(4)
+    x = signed(3, 2, 4, 7, dtype=torch.float32)
+    w = signed(5, 2, 3, 3, dtype=torch.float32)
+    if forward_layout == "input_cl":
+        x = x.contiguous(memory_format=torch.channels_last)
+    b, o = signed(5, dtype=torch.float32), signed(5, 1, 1, dtype=torch.float32)
+    args = ([1, 1], [0, 0], [1, 1], 1)
+    out, mask = ops.custom_conv_relu_add_forward(x, w, b, *args, o, 1.0)
+    order = 0 if forward_layout == "nchw" else 1
+    gy = torch.randn(out.shape)
+    want = ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True, True])
+    # the other layout than the forward's
+    x2 = x.contiguous(memory_format=torch.channels_last) if order == 0 else x.contiguous()
+    got = ops.custom_conv_relu_add_backward(gy, mask, x2, w, *args, [True, True, True, True], order)
+    for g, r in zip(got, want):
+        torch.testing.assert_close(g, r)
+    with pytest.raises(RuntimeError, match="expected mask to be the 1-D uint8 tensor"):
+        ops.custom_conv_relu_add_backward(gy, mask, x2, w, *args, [True, True, True, True])
+    with pytest.raises(RuntimeError, match=r"expected mask_order to be None, 0 \(positions-inner\) or 1 "
+                                           r"\(channels-inner\), got 2"):
+        ops.custom_conv_relu_add_backward(gy, mask, x, w, *args, [True, True, True, True], 2)
+    with pytest.raises(RuntimeError, match="mask_order 1 .channels-inner. only for a batched 2-d or 3-d"):
+        ops.custom_conv_relu_add_backward(gy, mask, x[0], w, *args, [True, True, True, True], 1)
+
+
 BN_OTHERS = {"per_channel": (3, 1, 1), "scalar_like": (1,), "full": (2, 3, 4, 2)}
 
 
