@@ -9,6 +9,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <vector>
+
 #include "torchfuse/ops.h"
 
 TORCH_LIBRARY_FRAGMENT(torchfuse, m) {
@@ -73,9 +75,19 @@ ConvAddActArgs convActArgs(const ConvActMaxPoolArgs& a, const std::optional<at::
                         a.groups, none,     kOne,   false,    a.activation, a.activation_args};
 }
 
+// NB: each list as two values (an empty stride as the kernel size), as
+// F.max_pool2d passes them: ATen takes one value for both dimensions, but a
+// graph traced through this composite (AOTAutograd's) records the lists as
+// given, and Inductor's lowering of max_pool2d_with_indices_backward takes
+// two values only.
 at::Tensor maxPoolOf(const at::Tensor& activated, const ConvActMaxPoolArgs& a) {
+  const auto pair = [](at::IntArrayRef v) {
+    return v.size() == 1 ? std::vector<int64_t>{v[0], v[0]} : v.vec();
+  };
+  const auto stride = a.pool_stride.empty() ? a.kernel_size : a.pool_stride;
   return at::max_pool2d(
-      activated, a.kernel_size, a.pool_stride, a.pool_padding, a.pool_dilation, a.ceil_mode);
+      activated, pair(a.kernel_size), pair(stride), pair(a.pool_padding), pair(a.pool_dilation),
+      a.ceil_mode);
 }
 
 at::Tensor convActMaxPoolComposite(const ConvActMaxPoolArgs& a) {

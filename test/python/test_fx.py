@@ -440,11 +440,33 @@ class FusedAndPlainConv(nn.Module):
         return torch.tanh(self.conv2(h)) + h
 
 
-def test_inductor_layout_optimization_keeps_the_masks_order():
-    """The backward reads the ReLU mask in the order the forward wrote it
-    (mask_order), not the one the restrided input and weight would give."""
+class PooledAndPlainConv(nn.Module):
+    """conv -> relu -> max_pool2d(x, 2), whose lists F.max_pool2d gives as
+    one value, next to a convolution no chain takes."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 4, 3, padding=1)
+        self.conv2 = nn.Conv2d(4, 4, 3, padding=1)
+
+    def forward(self, x):
+        h = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        return torch.tanh(self.conv2(h)) + h
+
+
+@pytest.mark.parametrize("factory,fusion", [(FusedAndPlainConv, "conv_relu_add"),
+                                            (PooledAndPlainConv, "conv_act_max_pool")],
+                         ids=["conv_relu_add", "conv_act_max_pool"])
+def test_inductor_trains_fused_ops_next_to_plain_convolutions(factory, fusion):
+    """Training through Inductor, whose layout optimization restrides the
+    tensors saved for the backward where the graph has an ATen convolution:
+    custom_conv_relu_add's backward reads the ReLU mask in the order the
+    forward wrote it (mask_order), not the one the restrided input and
+    weight would give; custom_conv_act_max_pool's recorded max_pool2d takes
+    its lists as two values each, which Inductor's lowering of its backward
+    needs."""
     torch._dynamo.reset()
-    model, _ = make(FusedAndPlainConv, (), train=True)
+    model, _ = make(factory, (), train=True)
     opt = copy.deepcopy(model)
     seen = {}
 
@@ -461,7 +483,7 @@ def test_inductor_layout_optimization_keeps_the_masks_order():
     want, want_g = step(model, [x], True)
     torch.manual_seed(20)
     got, got_g = step(compiled, [x], True)
-    assert seen["conv_relu_add"] == 1, seen
+    assert seen[fusion] == 1, seen
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(got_g[0], want_g[0])
     ref = dict(model.named_parameters())
