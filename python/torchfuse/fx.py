@@ -956,10 +956,15 @@ class _Rewriter:
                 vals.append(v)
             else:
                 vals.append(a)
-        mode = torch._guards.detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
-        if mode is None:
+        # NB: the values' own mode, not detect_fake_mode's: that prefers the
+        # tracing context's, which under Dynamo is another mode than its
+        # graph's example values ("Mixing fake modes NYI").
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        modes = {id(v.fake_mode): v.fake_mode for v in vals if isinstance(v, FakeTensor)}
+        if len(modes) != 1 or any(isinstance(v, torch.Tensor) and not isinstance(v, FakeTensor) for v in vals):
             return None
-        with mode:
+        with next(iter(modes.values())):
             return op(*vals)
 
     # a standalone relu ---------------------------------------------------

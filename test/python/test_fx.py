@@ -491,6 +491,53 @@ def test_inductor_trains_fused_ops_next_to_plain_convolutions(factory, fusion):
         torch.testing.assert_close(p.grad, ref[name].grad, msg=lambda m, name=name: f"{name}: {m}")
 
 
+class ResidualNormBlock(nn.Module):
+    """linear -> silu, then linear -> add -> layer_norm: a transformer MLP."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1 = nn.Linear(16, 32)
+        self.l2 = nn.Linear(32, 16)
+        self.ln = nn.LayerNorm(16)
+
+    def forward(self, x):
+        return self.ln(self.l2(F.silu(self.l1(x))) + x)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_inductor_trains_add_layer_norm(dynamic):
+    """Under Dynamo the rewrite computes the fused node's metadata in its
+    graph's own fake mode, not the tracing context's (which raised "Mixing
+    fake modes NYI"); Inductor then trains the block as eager does."""
+    torch._dynamo.reset()
+    model, _ = make(ResidualNormBlock, (), train=True)
+    opt = copy.deepcopy(model)
+    seen = {}
+
+    def inductor(gm, example_inputs):
+        seen.update(tfx.report(gm))
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(gm, example_inputs)
+
+    compiled = torch.compile(opt, backend=tfx.make_backend(inner=inductor), fullgraph=True, dynamic=dynamic)
+    for i, shape in enumerate([(4, 7, 16), (3, 5, 16)] if dynamic else [(4, 7, 16)] * 2):
+        torch.manual_seed(10 + i)
+        x = signed(*shape)
+        torch.manual_seed(20 + i)
+        want, want_g = step(model, [x], True)
+        torch.manual_seed(20 + i)
+        got, got_g = step(compiled, [x], True)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got_g[0], want_g[0])
+        ref = dict(model.named_parameters())
+        for name, p in opt.named_parameters():
+            torch.testing.assert_close(p.grad, ref[name].grad, msg=lambda m, name=name: f"{name}: {m}")
+        model.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=True)
+    assert seen["add_layer_norm"] == 1 and seen["linear_act"] == 1, seen
+
+
 # ---------------------------------------------------- a torchvision model
 
 
