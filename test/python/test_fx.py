@@ -381,13 +381,13 @@ class Net(nn.Module):
         return F.relu(self.lin2(v) + v)
 
 
-@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
-def test_inductor_backend_trains_and_infers_as_eager(dynamic):
-    """torch.compile(backend=torchfuse.fx.backend): the rewrite, then
-    Inductor; the backward is the custom ops' (their Autograd kernels run
-    under AOTAutograd), the running statistics are updated once."""
+def train_through_inductor(factory, shapes, dynamic=False):
+    """factory's model (float64, training) compiled by torch.compile with
+    torchfuse.fx's backend and Inductor: a training step per input shape,
+    each against eager's (outputs, input and parameter gradients, buffers).
+    Returns (the eager model, the compiled one, the rewrite's report)."""
     torch._dynamo.reset()
-    model, _ = make(Net, (), train=True)
+    model, _ = make(factory, (), train=True)
     opt = copy.deepcopy(model)
     seen = {}
 
@@ -398,8 +398,7 @@ def test_inductor_backend_trains_and_infers_as_eager(dynamic):
         return compile_fx(gm, example_inputs)
 
     compiled = torch.compile(opt, backend=tfx.make_backend(inner=inductor), fullgraph=True, dynamic=dynamic)
-    sizes = [(2, 3, 6, 7), (3, 3, 5, 8)] if dynamic else [(2, 3, 6, 7)] * 2
-    for i, s in enumerate(sizes):
+    for i, s in enumerate(shapes):
         torch.manual_seed(10 + i)
         x = signed(*s)
         torch.manual_seed(20 + i)  # the same output gradient for both
@@ -415,11 +414,21 @@ def test_inductor_backend_trains_and_infers_as_eager(dynamic):
             torch.testing.assert_close(b, dict(model.named_buffers())[name])
         model.zero_grad(set_to_none=True)
         opt.zero_grad(set_to_none=True)
+    return model, compiled, seen
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_inductor_backend_trains_and_infers_as_eager(dynamic):
+    """torch.compile(backend=torchfuse.fx.backend): the rewrite, then
+    Inductor; the backward is the custom ops' (their Autograd kernels run
+    under AOTAutograd), the running statistics are updated once."""
+    sizes = [(2, 3, 6, 7), (3, 3, 5, 8)] if dynamic else [(2, 3, 6, 7)] * 2
+    model, compiled, seen = train_through_inductor(Net, sizes, dynamic)
     assert seen == {"conv_relu_add": 2, "conv_act_max_pool": 0, "gate_mul": 0, "conv_add_act": 0, "conv_batch_norm_act": 0,
                     "linear_add_relu": 2, "batch_norm_add_div_swish": 1, "linear_act": 0, "add_layer_norm": 0,
                     "relu": 0}
     model.eval()
-    opt.eval()
+    compiled.eval()
     x = signed(2, 3, 6, 7)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))
@@ -465,30 +474,8 @@ def test_inductor_trains_fused_ops_next_to_plain_convolutions(factory, fusion):
     weight would give; custom_conv_act_max_pool's recorded max_pool2d takes
     its lists as two values each, which Inductor's lowering of its backward
     needs."""
-    torch._dynamo.reset()
-    model, _ = make(factory, (), train=True)
-    opt = copy.deepcopy(model)
-    seen = {}
-
-    def inductor(gm, example_inputs):
-        seen.update(tfx.report(gm))
-        from torch._inductor.compile_fx import compile_fx
-
-        return compile_fx(gm, example_inputs)
-
-    compiled = torch.compile(opt, backend=tfx.make_backend(inner=inductor), fullgraph=True)
-    torch.manual_seed(10)
-    x = signed(2, 3, 6, 7)
-    torch.manual_seed(20)
-    want, want_g = step(model, [x], True)
-    torch.manual_seed(20)
-    got, got_g = step(compiled, [x], True)
+    _, _, seen = train_through_inductor(factory, [(2, 3, 6, 7)])
     assert seen[fusion] == 1, seen
-    torch.testing.assert_close(got, want)
-    torch.testing.assert_close(got_g[0], want_g[0])
-    ref = dict(model.named_parameters())
-    for name, p in opt.named_parameters():
-        torch.testing.assert_close(p.grad, ref[name].grad, msg=lambda m, name=name: f"{name}: {m}")
 
 
 class ResidualNormBlock(nn.Module):
@@ -509,32 +496,8 @@ def test_inductor_trains_add_layer_norm(dynamic):
     """Under Dynamo the rewrite computes the fused node's metadata in its
     graph's own fake mode, not the tracing context's (which raised "Mixing
     fake modes NYI"); Inductor then trains the block as eager does."""
-    torch._dynamo.reset()
-    model, _ = make(ResidualNormBlock, (), train=True)
-    opt = copy.deepcopy(model)
-    seen = {}
-
-    def inductor(gm, example_inputs):
-        seen.update(tfx.report(gm))
-        from torch._inductor.compile_fx import compile_fx
-
-        return compile_fx(gm, example_inputs)
-
-    compiled = torch.compile(opt, backend=tfx.make_backend(inner=inductor), fullgraph=True, dynamic=dynamic)
-    for i, shape in enumerate([(4, 7, 16), (3, 5, 16)] if dynamic else [(4, 7, 16)] * 2):
-        torch.manual_seed(10 + i)
-        x = signed(*shape)
-        torch.manual_seed(20 + i)
-        want, want_g = step(model, [x], True)
-        torch.manual_seed(20 + i)
-        got, got_g = step(compiled, [x], True)
-        torch.testing.assert_close(got, want)
-        torch.testing.assert_close(got_g[0], want_g[0])
-        ref = dict(model.named_parameters())
-        for name, p in opt.named_parameters():
-            torch.testing.assert_close(p.grad, ref[name].grad, msg=lambda m, name=name: f"{name}: {m}")
-        model.zero_grad(set_to_none=True)
-        opt.zero_grad(set_to_none=True)
+    shapes = [(4, 7, 16), (3, 5, 16)] if dynamic else [(4, 7, 16)] * 2
+    _, _, seen = train_through_inductor(ResidualNormBlock, shapes, dynamic)
     assert seen["add_layer_norm"] == 1 and seen["linear_act"] == 1, seen
 
 
