@@ -490,9 +490,12 @@ class _Rewriter:
             if add is None:
                 continue
 
+            # NB: not relu_ (reluWritesConvOutput): it keeps the conv
+            # output's strides where their layout is ambiguous, the op's
+            # out-of-place relu picks its own; conv_add_act takes conv -> relu_
             def relu_of_conv(v):
                 r = self.call(v, "relu")
-                return r is not None and self._conv(r.args["input"]) is not None and _single_use(
+                return r is not None and not r.inplace and self._conv(r.args["input"]) is not None and _single_use(
                     r.args["input"], v)
 
             found = self.chain_add(node, add, relu_of_conv)
@@ -611,10 +614,13 @@ class _Rewriter:
         return count
 
     def _activation(self, node):
+        """(the activation's name, its input): the name ends in '_' for an
+        in-place spelling, whose result keeps its input's strides where
+        their layout is ambiguous (activationSpec)."""
         for kind in ("relu", "silu", "sigmoid"):
             c = self.call(node, kind)
             if c is not None:
-                return kind, c.args["input"]
+                return kind + "_" if c.inplace else kind, c.args["input"]
         return None
 
     def _conv_add(self, node):

@@ -81,8 +81,9 @@ BN_IN = ((3, 4, 5, 6), (4, 1, 1))
 POSITIVE = {
     # name: (factory, input sizes, passes, expected counts)
     "conv2d": (lambda: ConvReluAdd(), CONV_IN, None, {"conv_relu_add": 1}),
+    # reluWritesConvOutput: conv -> relu_ is conv_add_act's ("relu_"), the add stays
     "conv2d_inplace_relu_other_first": (lambda: ConvReluAdd(inplace=True, order="other_first"), CONV_FULL,
-                                        None, {"conv_relu_add": 1}),
+                                        None, {"conv_add_act": 1}),
     "conv1d_no_bias": (lambda: ConvReluAdd(dims=1, bias=False), ((2, 3, 9), (4, 1)), None, {"conv_relu_add": 1}),
     "conv3d_alpha": (lambda: ConvReluAdd(dims=3, alpha=-0.5), ((1, 3, 4, 5, 5), (4, 1, 1, 1)), None,
                      {"conv_relu_add": 1}),
@@ -335,6 +336,36 @@ def test_in_place_relu_of_a_graph_input_stays(path):
     assert counts["relu"] == 0
 
 
+class ConvActAdd(nn.Module):
+    def __init__(self, act):
+        super().__init__()
+        self.conv = nn.Conv2d(8, 6, 1)
+        self.act = act
+
+    def forward(self, x, o):
+        return self.act(self.conv(x)) + o
+
+
+@pytest.mark.parametrize("act", ["relu", "relu_", "silu_"])
+def test_in_place_activation_keeps_an_ambiguous_outputs_strides(act):
+    """A conv output [3, 6, 1, 1] from a channels-last input is channels-last
+    and contiguous at once: an out-of-place activation picks contiguous
+    strides, an in-place one keeps the conv's, and the add follows.  The
+    rewrite of a symbolic trace gives eager's strides and values in each
+    spelling (reluWritesConvOutput; the activation's spelling is passed)."""
+    fn = {"relu": nn.ReLU(), "relu_": nn.ReLU(inplace=True), "silu_": nn.SiLU(inplace=True)}[act]
+    torch.manual_seed(5)
+    model = ConvActAdd(fn).eval()
+    x = torch.empty_strided((3, 8, 1, 1), (8, 1, 8, 8)).copy_(torch.randn(3, 8, 1, 1))
+    o = torch.randn(6, 1, 1)
+    gm = tfx.optimize(torch.fx.symbolic_trace(model))
+    assert "torchfuse" in str(gm.graph)
+    with torch.no_grad():
+        want, got = model(x, o), gm(x, o)
+    assert got.stride() == want.stride(), (got.stride(), want.stride())
+    torch.testing.assert_close(got, want)
+
+
 def test_unknown_pass_name_is_refused():
     with pytest.raises(ValueError, match=r"unknown pass name\(s\) \['nope'\]"):
         tfx.make_backend(passes=["nope"])
@@ -424,7 +455,8 @@ def test_inductor_backend_trains_and_infers_as_eager(dynamic):
     under AOTAutograd), the running statistics are updated once."""
     sizes = [(2, 3, 6, 7), (3, 3, 5, 8)] if dynamic else [(2, 3, 6, 7)] * 2
     model, compiled, seen = train_through_inductor(Net, sizes, dynamic)
-    assert seen == {"conv_relu_add": 2, "conv_act_max_pool": 0, "gate_mul": 0, "conv_add_act": 0, "conv_batch_norm_act": 0,
+    # the second conv -> relu_ -> add: conv_add_act ("relu_"), its add unfused
+    assert seen == {"conv_relu_add": 1, "conv_act_max_pool": 0, "gate_mul": 0, "conv_add_act": 1, "conv_batch_norm_act": 0,
                     "linear_add_relu": 2, "batch_norm_add_div_swish": 1, "linear_act": 0, "add_layer_norm": 0,
                     "relu": 0}
     model.eval()
