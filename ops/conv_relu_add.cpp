@@ -434,11 +434,9 @@ bool convReluAddHandles(const ConvReluAddArgs& a) {
   return convKernelsHandle(a.input, a.weight, a.bias, a.other);
 }
 
-namespace {
 at::Tensor onMeta(const at::Tensor& t) {
   return t.is_meta() ? t : at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
 }
-} // namespace
 
 at::Tensor emptyEagerResult(const at::Tensor& conv, const at::Tensor& other) {
   at::Tensor relu, sum;

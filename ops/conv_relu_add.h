@@ -215,6 +215,10 @@ at::Tensor emptyConvOutput(
     at::IntArrayRef padding,
     at::IntArrayRef dilation);
 
+// t itself on Meta, else an empty Meta tensor of its sizes, strides and
+// dtype: for ATen's shape and stride rules without their computation.
+at::Tensor onMeta(const at::Tensor& t);
+
 // The empty result eager's relu(conv) + alpha * other allocates, on Meta,
 // for a conv output `conv` in eager's strides (emptyConvOutput): by
 // TensorIterator itself.  NB: not at::relu and at::add on Meta tensors,

@@ -18,6 +18,7 @@
 #include "kernels/conv/act_max_pool.cuh"
 #include "ops/common/conv_composites.h"
 #include "ops/conv_act_max_pool.h"
+#include "ops/conv_relu_add.h"
 #include "ops/cuda/conv/operands.h"
 #include "ops/cuda/cuda_types.h"
 
@@ -43,8 +44,7 @@ at::Tensor convActMaxPoolCuda(const ConvActMaxPoolArgs& a) {
       std::any_of(sizes.begin() + 1, sizes.end(), [](int64_t s) { return s == 1; });
   // NB: max_pool2d on Meta: ATen's checks of the pool arguments, and the
   // pooled output's sizes and strides as the CUDA op would give them.
-  const auto pooled = maxPoolOf(
-      at::empty_strided(conv.sizes(), conv.strides(), conv.options().device(at::kMeta)), a);
+  const auto pooled = maxPoolOf(onMeta(conv), a);
   const auto format = nchw ? at::MemoryFormat::Contiguous : at::MemoryFormat::ChannelsLast;
   if (conv.numel() == 0 || ambiguous || !(nchw || conv_cuda::isChannelsLast(conv)) ||
       !pooled.is_contiguous(format)) {
