@@ -64,7 +64,7 @@ void batchNormSwishTrainForward(const BnForward<T>& f, const BnTrainStats& s, cu
     return;
   }
   const Plan p = makePlan(shape, sizeof(T), f.num_sms);
-  const auto ws = carve<float>(f.workspace, shape, p);
+  const auto ws = carve(f.workspace, shape, p);
   withVec<T>(p, aligned16(f.x) && aligned16(f.out), [&](auto vc) {
     constexpr int V = decltype(vc)::value;
     launchReduce<T, V, false>(
@@ -105,7 +105,7 @@ void batchNormSwishBackward(const BnBackward<T>& b, cudaStream_t stream) {
     return;
   }
   const Plan p = makePlan(shape, sizeof(T), b.num_sms);
-  const auto ws = carve<double>(b.workspace, shape, p);
+  const auto ws = carve(b.workspace, shape, p);
   const SwishGradArgs ga{1.0 / affine.divisor, b.silu};
   launchCoefFromStats(shape.c, b.mean, b.invstd, /*is_var=*/false, 0.0, affine, ws.coef, stream);
   const bool need_sums = (training && grad_input != nullptr) || grads.weight.data != nullptr ||
@@ -116,11 +116,11 @@ void batchNormSwishBackward(const BnBackward<T>& b, cudaStream_t stream) {
     constexpr int V = decltype(vc)::value;
     if constexpr (std::is_same_v<T, float>) {
       if (training) {
-        // The forward's statistics pass again (its float partials), for mu_lo.
-        const auto stats = carve<float>(b.workspace, shape, p);
+        // The forward's statistics pass again, for mu_lo; the backward's
+        // sums reuse the partials' region afterwards.
         launchReduce<T, V, false>(
-            p, shape, x, nullptr, nullptr, SwishGradArgs{}, stats.part0, stats.part1, stream);
-        launchMeanLo(x, statsPartials(stats, p), shape.c, shape.l, ws.coef, stream);
+            p, shape, x, nullptr, nullptr, SwishGradArgs{}, ws.part0, ws.part1, stream);
+        launchMeanLo(x, statsPartials(ws, p), shape.c, shape.l, ws.coef, stream);
       }
     }
     if (need_sums) {

@@ -33,8 +33,8 @@ __device__ __forceinline__ void welfordMerge(F& n, F& mean, F& m2, F nb, F mb, F
 }
 
 // The forward statistics accumulate x - shift_c with shift_c = x[0, c, 0]
-// (element c * l) in every split and add shift_c back in float64: the float32
-// sums then lose precision relative to the spread of the channel, not to its
+// (element c * l) in every split and add shift_c back in float64: the sums
+// then lose precision relative to the spread of the channel, not to its
 // mean, so |mean| >> std stays accurate.  A non-finite shift makes the
 // channel's statistics NaN, as the non-finite value does anyway.
 __device__ __forceinline__ int64_t statsShiftIndex(int64_t ch, int64_t l) {
@@ -135,11 +135,12 @@ __device__ __forceinline__ double swishGradF64(
   return __dmul_rn(gt, ga.inv_d);
 }
 
-// Type of the backward reductions' per-element terms and chunk sums:
+// Type of the reductions' per-element terms and per-chunk sums and means:
 // float64 for float32 inputs (swishGradF64), float32 for 16-bit ones, whose
-// rounding errors are far larger than float32's.
+// rounding errors are far larger than float32's.  Chunks merge into float64
+// accumulators either way.
 template <typename T>
-using BwdTerm = std::conditional_t<std::is_same_v<T, float>, double, float>;
+using ChunkAcc = std::conditional_t<std::is_same_v<T, float>, double, float>;
 
 // Adds g_bn and g_bn * xhat to (c0, c1).
 template <typename T>
@@ -148,8 +149,8 @@ __device__ __forceinline__ void bwdTerms(
     float x,
     const ChannelCoef& cf,
     SwishGradArgs ga,
-    BwdTerm<T>& c0,
-    BwdTerm<T>& c1) {
+    ChunkAcc<T>& c0,
+    ChunkAcc<T>& c1) {
   if constexpr (std::is_same_v<T, float>) {
     double xm;
     const double gb = swishGradF64(g, x, cf, ga, &xm);

@@ -3,8 +3,8 @@
 // The launch plan and the workspace layout that the stages share.
 //
 // Workspace: kNumCoefSlots * c float coefficients, kNumSumSlots * c double
-// per-channel values, then 2 * splits * c partials (float or double, see
-// ReduceAcc in reduce.cuh).
+// per-channel values, then 2 * splits * c double partials (see ReduceAcc in
+// reduce.cuh).
 
 #include <algorithm>
 #include <cstdint>
@@ -92,35 +92,32 @@ __host__ __device__ __forceinline__ int64_t splitCount(int64_t total, int64_t pe
 }
 
 // The statistics reduction's output: per (split, channel) shifted Welford
-// (mean, m2) in float32, and the plan's split of each channel's elements.
+// (mean, m2) in float64, and the plan's split of each channel's elements.
 struct StatsPartials {
-  const float* part0;
-  const float* part1;
+  const double* part0;
+  const double* part1;
   int64_t splits, total, per;
 };
 
-// The workspace's regions (see the top of this file); Acc is the partials'
-// type.
-template <typename Acc>
+// The workspace's regions (see the top of this file).
 struct Workspace {
   float* coef;
   double* sums; // kNumSumSlots * c
-  Acc* part0;
-  Acc* part1;
+  double* part0;
+  double* part1;
 };
 
-template <typename Acc>
-Workspace<Acc> carve(void* ws, BnShape s, const Plan& p) {
-  Workspace<Acc> w;
+inline Workspace carve(void* ws, BnShape s, const Plan& p) {
+  Workspace w;
   w.coef = static_cast<float*>(ws);
   w.sums = reinterpret_cast<double*>(w.coef + kNumCoefSlots * s.c);
-  w.part0 = reinterpret_cast<Acc*>(w.sums + kNumSumSlots * s.c);
+  w.part0 = w.sums + kNumSumSlots * s.c;
   w.part1 = w.part0 + p.splits * s.c;
   return w;
 }
 
 // The statistics reduction's partials in the workspace carved as w.
-inline StatsPartials statsPartials(const Workspace<float>& w, const Plan& p) {
+inline StatsPartials statsPartials(const Workspace& w, const Plan& p) {
   return StatsPartials{w.part0, w.part1, p.splits, p.total, p.per};
 }
 

@@ -3,9 +3,9 @@
 #include "kernels/common/launch.cuh"
 #include "kernels/common/vec.cuh"
 
-// The statistics are float32 Welford (shifted, see statsShiftIndex) up to
-// the split partials; the backward sums are float64 from each thread's
-// accumulator on (see ReduceAcc).
+// Each thread reduces chunks of up to kUnroll loads (in ChunkAcc) and adds
+// them to float64 accumulators (see ReduceAcc): the statistics as shifted
+// Welford (mean, m2) merges (see statsShiftIndex), the backward as sums.
 // - l == 1 ("columns"): x is an (n, c) matrix.  A thread owns V adjacent
 //   columns (one 16-byte vector) and walks rows, so a warp reads contiguous
 //   memory; 8 row groups per block are merged through shared memory and the
@@ -16,6 +16,43 @@
 
 namespace torchfuse::kernels::batch_norm {
 namespace {
+
+// Merges a chunk of nb elements with shifted mean mb and m2 m2b into a
+// float64 Welford state of n elements (n updated by the caller, once for
+// all the columns that share the counts).
+template <typename C>
+__device__ __forceinline__ void mergeChunk(
+    double n,
+    double fb,
+    double& mean,
+    double& m2,
+    C mb,
+    C m2b) {
+  const double delta = double(mb) - mean;
+  mean += delta * fb;
+  m2 += double(m2b) + delta * delta * n * fb;
+}
+
+// The mean and m2 of xs[0..nv), already shifted, in C.
+template <int N, typename C>
+__device__ __forceinline__ void chunkStats(const C (&xs)[N], int nv, C& mean, C& m2) {
+  C sum = 0;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    if (i < nv) {
+      sum += xs[i];
+    }
+  }
+  mean = sum / C(nv);
+  m2 = 0;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    if (i < nv) {
+      const C d = xs[i] - mean;
+      m2 += d * d;
+    }
+  }
+}
 
 // kBwd == false: Welford (mean, m2) of x per column.
 // kBwd == true:  (sum g_bn, sum g_bn * xhat) per column.
@@ -28,9 +65,9 @@ __global__ void __launch_bounds__(kColX* kColY) columnReduceKernel(
     int64_t per,
     const float* __restrict__ coef,
     SwishGradArgs ga,
-    ReduceAcc<kBwd>* __restrict__ part0,
-    ReduceAcc<kBwd>* __restrict__ part1) {
-  using Acc = ReduceAcc<kBwd>;
+    ReduceAcc* __restrict__ part0,
+    ReduceAcc* __restrict__ part1) {
+  using Acc = ReduceAcc;
   const int tx = threadIdx.x;
   const int ty = threadIdx.y;
   const int64_t col = int64_t(blockIdx.x) * kColX + tx; // vector column
@@ -44,7 +81,7 @@ __global__ void __launch_bounds__(kColX* kColY) columnReduceKernel(
     s0[k] = Acc(0);
     s1[k] = Acc(0);
   }
-  int cnt = 0;
+  double cnt = 0;
   // Forward: Welford of x - shift_c, shift_c = x[0, c] (see statsShift).
   float shift[kBwd ? 1 : V];
   if constexpr (!kBwd) {
@@ -80,29 +117,39 @@ __global__ void __launch_bounds__(kColX* kColY) columnReduceKernel(
           }
         }
       }
-      BwdTerm<T> c0[kBwd ? V : 1] = {}, c1[kBwd ? V : 1] = {};
+      if constexpr (!kBwd) {
+        int nv = 0; // rows of this chunk: a prefix of the kUnroll
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (r + u * kColY < r1) {
-          if constexpr (!kBwd) {
-            ++cnt;
-            const float f = 1.f / static_cast<float>(cnt);
+        for (int u = 0; u < kUnroll; ++u) {
+          nv += r + u * kColY < r1 ? 1 : 0;
+        }
+        const double n_old = cnt;
+        cnt += nv;
+        const double fb = nv / cnt;
 #pragma unroll
-            for (int k = 0; k < V; ++k) {
-              const float xf = toFloat(xv[u].v[k]) - shift[k];
-              const float d = xf - s0[k];
-              s0[k] += d * f;
-              s1[k] += d * (xf - s0[k]);
+        for (int k = 0; k < V; ++k) {
+          ChunkAcc<T> xs[kUnroll] = {};
+#pragma unroll
+          for (int u = 0; u < kUnroll; ++u) {
+            if (u < nv) {
+              xs[u] = ChunkAcc<T>(toFloat(xv[u].v[k])) - ChunkAcc<T>(shift[k]);
             }
-          } else {
+          }
+          ChunkAcc<T> cm, cm2;
+          chunkStats(xs, nv, cm, cm2);
+          mergeChunk(n_old, fb, s0[k], s1[k], cm, cm2);
+        }
+      } else {
+        ChunkAcc<T> c0[V] = {}, c1[V] = {};
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          if (r + u * kColY < r1) {
 #pragma unroll
             for (int k = 0; k < V; ++k) {
               bwdTerms<T>(toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf[k], ga, c0[k], c1[k]);
             }
           }
         }
-      }
-      if constexpr (kBwd) {
 #pragma unroll
         for (int k = 0; k < V; ++k) {
           s0[k] += c0[k];
@@ -114,7 +161,7 @@ __global__ void __launch_bounds__(kColX* kColY) columnReduceKernel(
 
   __shared__ Acc sh0[kColY][kColX * V];
   __shared__ Acc sh1[kColY][kColX * V];
-  __shared__ int shn[kColY][kColX];
+  __shared__ double shn[kColY][kColX];
 #pragma unroll
   for (int k = 0; k < V; ++k) {
     sh0[ty][tx * V + k] = s0[k];
@@ -128,14 +175,13 @@ __global__ void __launch_bounds__(kColX* kColY) columnReduceKernel(
 #pragma unroll
   for (int k = 0; k < V; ++k) {
     Acc a0 = s0[k], a1 = s1[k];
-    float na = static_cast<float>(cnt);
+    double na = cnt;
     for (int j = 1; j < kColY; ++j) {
       if constexpr (kBwd) {
         a0 += sh0[j][tx * V + k];
         a1 += sh1[j][tx * V + k];
       } else {
-        welfordMerge(
-            na, a0, a1, static_cast<float>(shn[j][tx]), sh0[j][tx * V + k], sh1[j][tx * V + k]);
+        welfordMerge(na, a0, a1, shn[j][tx], sh0[j][tx * V + k], sh1[j][tx * V + k]);
       }
     }
     const int64_t idx = int64_t(blockIdx.y) * c + col * V + k;
@@ -154,14 +200,14 @@ __global__ void __launch_bounds__(kThreads) planeReduceKernel(
     int64_t per,
     const float* __restrict__ coef,
     SwishGradArgs ga,
-    ReduceAcc<kBwd>* __restrict__ part0,
-    ReduceAcc<kBwd>* __restrict__ part1) {
-  using Acc = ReduceAcc<kBwd>;
+    ReduceAcc* __restrict__ part0,
+    ReduceAcc* __restrict__ part1) {
+  using Acc = ReduceAcc;
   const int64_t ch = blockIdx.x;
   const int64_t e0 = int64_t(blockIdx.y) * per;
   const int64_t e1 = e0 + per < m ? e0 + per : m;
   Acc a0 = 0, a1 = 0; // (mean, m2) or (sum g_bn, sum g_bn * xhat)
-  float cnt = 0.f;
+  double cnt = 0;
   float shift = 0.f;
   if constexpr (!kBwd) {
     shift = toFloat(x[statsShiftIndex(ch, l)]);
@@ -186,39 +232,38 @@ __global__ void __launch_bounds__(kThreads) planeReduceKernel(
         }
       }
     }
-    BwdTerm<T> c0 = 0, c1 = 0; // this chunk's backward sums
+    if constexpr (!kBwd) {
+      int nv = 0; // vectors of this chunk: a prefix of the kUnroll
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      if (e + u * kStep < e1) {
-        if constexpr (!kBwd) {
-          // Merge the vector's own (mean, m2) into the running state.
-          float bm = 0.f;
+      for (int u = 0; u < kUnroll; ++u) {
+        nv += e + u * kStep < e1 ? 1 : 0;
+      }
+      ChunkAcc<T> xs[kUnroll * V] = {};
 #pragma unroll
-          for (int k = 0; k < V; ++k) {
-            bm += toFloat(xv[u].v[k]) - shift;
-          }
-          bm *= 1.f / V;
-          float bm2 = 0.f;
+      for (int u = 0; u < kUnroll; ++u) {
+        if (u < nv) {
 #pragma unroll
           for (int k = 0; k < V; ++k) {
-            const float d = (toFloat(xv[u].v[k]) - shift) - bm;
-            bm2 += d * d;
+            xs[u * V + k] = ChunkAcc<T>(toFloat(xv[u].v[k])) - ChunkAcc<T>(shift);
           }
-          const float n_old = cnt;
-          cnt += V;
-          const float f = V / cnt;
-          const float delta = bm - a0;
-          a0 += delta * f;
-          a1 += bm2 + delta * delta * n_old * f;
-        } else {
+        }
+      }
+      ChunkAcc<T> cm, cm2;
+      chunkStats(xs, nv * V, cm, cm2);
+      const double n_old = cnt;
+      cnt += nv * V;
+      mergeChunk(n_old, nv * V / cnt, a0, a1, cm, cm2);
+    } else {
+      ChunkAcc<T> c0 = 0, c1 = 0;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (e + u * kStep < e1) {
 #pragma unroll
           for (int k = 0; k < V; ++k) {
             bwdTerms<T>(toFloat(gv[u].v[k]), toFloat(xv[u].v[k]), cf, ga, c0, c1);
           }
         }
       }
-    }
-    if constexpr (kBwd) {
       a0 += c0;
       a1 += c1;
     }
@@ -233,12 +278,12 @@ __global__ void __launch_bounds__(kThreads) planeReduceKernel(
       a0 += b0;
       a1 += b1;
     } else {
-      const float nb = __shfl_down_sync(0xffffffffu, cnt, offset);
+      const double nb = __shfl_down_sync(0xffffffffu, cnt, offset);
       welfordMerge(cnt, a0, a1, nb, b0, b1);
     }
   }
   __shared__ Acc sh[2][kWarps];
-  __shared__ float shn[kWarps];
+  __shared__ double shn[kWarps];
   const int warp = threadIdx.x / 32;
   if ((threadIdx.x & 31) == 0) {
     sh[0][warp] = a0;
@@ -270,8 +315,8 @@ void launchReduce(
     const T* g,
     const float* coef,
     SwishGradArgs ga,
-    ReduceAcc<kBwd>* part0,
-    ReduceAcc<kBwd>* part1,
+    ReduceAcc* part0,
+    ReduceAcc* part1,
     cudaStream_t stream) {
   if (p.columns) {
     const dim3 grid(
@@ -287,7 +332,7 @@ void launchReduce(
 
 #define TORCHFUSE_INSTANTIATE_REDUCE(T, V)                                                     \
   template void launchReduce<T, V, false>(                                                     \
-      const Plan&, BnShape, const T*, const T*, const float*, SwishGradArgs, float*, float*,   \
+      const Plan&, BnShape, const T*, const T*, const float*, SwishGradArgs, double*, double*, \
       cudaStream_t);                                                                           \
   template void launchReduce<T, V, true>(                                                      \
       const Plan&, BnShape, const T*, const T*, const float*, SwishGradArgs, double*, double*, \

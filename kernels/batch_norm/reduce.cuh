@@ -6,21 +6,21 @@
 
 #include <cuda_runtime_api.h>
 
-#include <type_traits>
-
 #include "kernels/batch_norm/math.cuh"
 #include "kernels/batch_norm/plan.cuh"
 
 namespace torchfuse::kernels::batch_norm {
 
-// NB: the backward's sums accumulate in float64 from the thread level on.
-// They cancel heavily (g_bn is signed), and the gradient of a one-element
-// `other` sums g_bn over every element: float32 accumulators lost enough
-// digits there to exceed eager's error against float64.  Each thread adds
-// the sum of its kUnroll-row chunk (BwdTerm) to its double accumulator.  The forward statistics
-// stay float32 (shifted Welford), whose error is relative to the spread of a channel.
-template <bool kBwd>
-using ReduceAcc = std::conditional_t<kBwd, double, float>;
+// NB: both reductions accumulate in float64 from the thread level on.
+// - The backward's sums cancel heavily (g_bn is signed), and the gradient of
+//   a one-element `other` sums g_bn over every element: float32
+//   accumulators lost enough digits there to exceed eager's error against
+//   float64.  Each thread adds the sum of its kUnroll-row chunk (ChunkAcc).
+// - The statistics merge each thread's chunks (shifted mean and m2, see
+//   ChunkAcc) into a float64 Welford state.  A float32 state and float32
+//   partials left the running mean several float32 roundings off, more than
+//   2x eager's error on some small batches.
+using ReduceAcc = double;
 
 // kBwd == false: shifted Welford (mean, m2) of x per (split, channel) into
 // (part0, part1).  kBwd == true: (sum g_bn, sum g_bn * xhat) from g and x,
@@ -34,8 +34,8 @@ void launchReduce(
     const T* g,
     const float* coef,
     SwishGradArgs ga,
-    ReduceAcc<kBwd>* part0,
-    ReduceAcc<kBwd>* part1,
+    ReduceAcc* part0,
+    ReduceAcc* part1,
     cudaStream_t stream);
 
 } // namespace torchfuse::kernels::batch_norm
