@@ -69,7 +69,7 @@ void batchNormSwishTrainForward(const BnForward<T>& f, const BnTrainStats& s, cu
     constexpr int V = decltype(vc)::value;
     launchReduce<T, V, false>(
         p, shape, f.x, nullptr, nullptr, SwishGradArgs{}, ws.part0, ws.part1, stream);
-    launchTrainStatsFinalize<T>(f, s, statsPartials(ws, p), ws.coef, stream);
+    launchTrainStatsFinalize<T>(f, s, mergeStatsPartials(ws, p, shape.c, stream), ws.coef, stream);
     const int64_t nvec = numel(shape) / V;
     launchApplyForward<T, V>(f.x, f.out, nvec, shape.c, shape.l, ws.coef, stream);
   });
@@ -120,14 +120,15 @@ void batchNormSwishBackward(const BnBackward<T>& b, cudaStream_t stream) {
         // sums reuse the partials' region afterwards.
         launchReduce<T, V, false>(
             p, shape, x, nullptr, nullptr, SwishGradArgs{}, ws.part0, ws.part1, stream);
-        launchMeanLo(x, statsPartials(ws, p), shape.c, shape.l, ws.coef, stream);
+        launchMeanLo(
+            x, mergeStatsPartials(ws, p, shape.c, stream), shape.c, shape.l, ws.coef, stream);
       }
     }
     if (need_sums) {
       launchReduce<T, V, true>(p, shape, x, grad_output, ws.coef, ga, ws.part0, ws.part1, stream);
       launchBackwardSumsFinalize(
-          ws.part0, ws.part1, shape.c, p.splits, shape.n * shape.l, grads, other_per_channel,
-          ws.sums, ws.coef, stream);
+          ws.part0, ws.part1, shape.c, mergeSumPartials(ws, p, shape.c, stream), shape.n * shape.l,
+          grads, other_per_channel, ws.sums, ws.coef, stream);
       if (grads.other.data != nullptr && !other_per_channel) {
         launchSumChannels(ws.sums + kSumG * shape.c, shape.c, grads.other, stream);
       }

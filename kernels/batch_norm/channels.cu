@@ -253,6 +253,88 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Each channel's splits' partials merged into split 0's slot by one block
+// per kMergeX channels: thread row y merges splits y, y + kMergeY, ... in
+// order (loads kMergeBatch at a time, since the partials are read once),
+// then row 0 merges the kMergeY results in row order.  kStats: Welford
+// (mean, m2) with the plan's split counts; else sums.
+constexpr int kMergeX = 32;
+constexpr int kMergeY = 16;
+constexpr int kMergeBatch = 4;
+
+template <bool kStats>
+__global__ void __launch_bounds__(kMergeX* kMergeY) mergeSplitsKernel(
+    double* __restrict__ part0,
+    double* __restrict__ part1,
+    int64_t c,
+    int64_t splits,
+    int64_t total,
+    int64_t per) {
+  const int tx = threadIdx.x;
+  const int ty = threadIdx.y;
+  const int64_t ch = int64_t(blockIdx.x) * kMergeX + tx;
+  double n = 0, a0 = 0, a1 = 0;
+  if (ch < c) {
+    for (int64_t s0 = ty; s0 < splits; s0 += int64_t(kMergeY) * kMergeBatch) {
+      double b0[kMergeBatch], b1[kMergeBatch];
+#pragma unroll
+      for (int u = 0; u < kMergeBatch; ++u) {
+        const int64_t s = s0 + int64_t(u) * kMergeY;
+        if (s < splits) {
+          b0[u] = part0[s * c + ch];
+          b1[u] = part1[s * c + ch];
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kMergeBatch; ++u) {
+        const int64_t s = s0 + int64_t(u) * kMergeY;
+        if (s < splits) {
+          if constexpr (kStats) {
+            welfordMerge<double>(
+                n, a0, a1, static_cast<double>(splitCount(total, per, s)), b0[u], b1[u]);
+          } else {
+            a0 += b0[u];
+            a1 += b1[u];
+          }
+        }
+      }
+    }
+  }
+  __shared__ double sh0[kMergeY][kMergeX];
+  __shared__ double sh1[kMergeY][kMergeX];
+  __shared__ double shn[kMergeY][kMergeX];
+  sh0[ty][tx] = a0;
+  sh1[ty][tx] = a1;
+  shn[ty][tx] = n;
+  __syncthreads();
+  if (ty != 0 || ch >= c) {
+    return;
+  }
+  for (int j = 1; j < kMergeY; ++j) {
+    if constexpr (kStats) {
+      welfordMerge<double>(n, a0, a1, shn[j][tx], sh0[j][tx], sh1[j][tx]);
+    } else {
+      a0 += sh0[j][tx];
+      a1 += sh1[j][tx];
+    }
+  }
+  part0[ch] = a0;
+  part1[ch] = a1;
+}
+
+// Launches the merge where there are more splits than a per-channel kernel
+// merges quickly one at a time; returns the splits left.
+template <bool kStats>
+int64_t mergeSplits(const Workspace& w, const Plan& p, int64_t c, cudaStream_t stream) {
+  if (p.splits <= kMergeY) {
+    return p.splits;
+  }
+  mergeSplitsKernel<kStats>
+      <<<static_cast<unsigned>(ceilDiv(c, kMergeX)), dim3(kMergeX, kMergeY), 0, stream>>>(
+          w.part0, w.part1, c, p.splits, p.total, p.per);
+  return 1;
+}
+
 unsigned channelBlocks(int64_t c) {
   return static_cast<unsigned>(ceilDiv(c, kThreads));
 }
@@ -270,6 +352,20 @@ void launchTrainStatsFinalize(
   trainStatsFinalizeKernel<T><<<channelBlocks(c), kThreads, 0, stream>>>(
       f.x, sp, c, f.shape.l, f.shape.n * f.shape.l, f.affine, s.running_mean, s.running_var,
       s.momentum, s.eps, s.save_mean, s.save_invstd, coef);
+}
+
+StatsPartials mergeStatsPartials(
+    const Workspace& w,
+    const Plan& p,
+    int64_t c,
+    cudaStream_t stream) {
+  const int64_t splits = mergeSplits<true>(w, p, c, stream);
+  // One split left: all of the total.
+  return splits == 1 ? StatsPartials{w.part0, w.part1, 1, p.total, p.total} : statsPartials(w, p);
+}
+
+int64_t mergeSumPartials(const Workspace& w, const Plan& p, int64_t c, cudaStream_t stream) {
+  return mergeSplits<false>(w, p, c, stream);
 }
 
 void launchMeanLo(

@@ -1,9 +1,12 @@
 #pragma once
 
 // The per-channel kernels, one thread per channel: they merge the
-// reductions' split partials in float64 (in split order, so the results are
-// deterministic), update the running statistics, write the parameter
-// gradients and derive the coefficients the elementwise passes read.
+// reductions' split partials in float64 (in a fixed order, so the results
+// are deterministic), update the running statistics, write the parameter
+// gradients and derive the coefficients the elementwise passes read.  Many
+// splits (narrow channels: up to one per block of the reduction) are first
+// merged by a kernel with more threads per channel: one thread walking a
+// thousand splits took longer than the reduction itself.
 
 #include <cuda_runtime_api.h>
 
@@ -13,6 +16,13 @@
 #include "kernels/batch_norm/plan.cuh"
 
 namespace torchfuse::kernels::batch_norm {
+
+// The statistics reduction's partials in w, merged into fewer splits where
+// there are many (see the top of this file).
+StatsPartials mergeStatsPartials(const Workspace& w, const Plan& p, int64_t c, cudaStream_t stream);
+
+// The same for the backward sums' partials; returns the splits left.
+int64_t mergeSumPartials(const Workspace& w, const Plan& p, int64_t c, cudaStream_t stream);
 
 // Training forward: the batch statistics from the statistics reduction's
 // partials sp, the running-statistics update, save_mean / save_invstd (each
