@@ -84,6 +84,10 @@ LAYOUTS = {
     "4d-hw1": Layout((32, 24, 1, 1), (24, 1, 1)),  # L == 1: column path
     "n1": Layout((1, 16, 40), (16, 1)),
     "w3": Layout((1024, 8192), (1,)),  # the reference workload's BN tail
+    # more splits than the per-channel kernels merge one by one (> 16): a
+    # narrow column input gets up to one per reduction block
+    "2d-narrow-many-splits": Layout((65536, 16), (16,)),
+    "4d-many-splits": Layout((64, 2, 48, 48), (2, 1, 1)),
     # dense, other memory orders: channels-last is the column path with
     # N * H * W rows, transposed (N, C) the plane path with one plane
     "channels-last": Layout((8, 16, 5, 5), (16, 1, 1), memory="channels_last"),
