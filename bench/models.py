@@ -399,6 +399,7 @@ class ModelBench:
 
             torch._dynamo.reset()
             self.compile_fused = {}
+            self.compile_choices = len(torchfuse.fx.measured_choices())
 
             def inductor(gm, example_inputs):
                 for name, n in torchfuse.fx.report(gm).items():
@@ -548,6 +549,10 @@ class ModelBench:
             chosen = {True: "channels-last", False: "NCHW", None: "undecided"}[m["channels_last"]]
             extra += f" | measured layout {chosen}" + (
                 f" (NCHW {m['nchw_ms']:.2f}, CL {m['channels_last_ms']:.2f} ms)" if m["nchw_ms"] else "")
+        for m in row.get("measured_choices", []):
+            chosen = {True: "fused", False: "inductor", None: "undecided"}[m["chosen_fused"]]
+            extra += f" | measured {chosen}" + (
+                f" (inductor {m['original_ms']:.2f}, fused {m['fused_ms']:.2f} ms)" if m["original_ms"] else "")
         if "fused" in row:
             extra += " | fused " + (", ".join(f"{k} {n}" for k, n in row["fused"].items() if n) or "none")
         print(f"  {key:44s} median {row['median_ms']:9.3f} ms (n={row['reps']}) peak {mem} "
@@ -654,6 +659,11 @@ class ModelBench:
             # NB: the graphs compiled so far (forward and, in train mode, the
             # backward's compile happen in the warm-up)
             row["fused"] = dict(self.compile_fused)
+            # the measured choice of each graph compiled for this unit
+            # (fused or Inductor's own; decided in the warm-up)
+            import torchfuse.fx
+
+            row["measured_choices"] = torchfuse.fx.measured_choices()[self.compile_choices:]
         elif v.startswith("torchfuse"):
             import torchfuse
 

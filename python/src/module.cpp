@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 
+#include "ops/common/measured_choice.h"
 #include "torchfuse/backends.h"
 #include "torchfuse/ops.h"
 #include "torchfuse/optimize.h"
@@ -158,6 +159,38 @@ void bindBackends(py::module& m) {
   m.def("_set_matmul_autotune", [](bool v) { b::matmul().setAutotune(v); });
 }
 
+// torchfuse.fx's choice between a compiled graph with the fusions and one
+// without: the protocol of the TorchScript layout trial, on the caller's
+// timer.
+void bindMeasuredChoice(py::module& m) {
+  using torchfuse::ops::MeasuredChoice;
+  using torchfuse::ops::MeasuredChoiceProtocol;
+  const MeasuredChoiceProtocol d;
+  py::class_<MeasuredChoice>(m, "MeasuredChoice")
+      .def(
+          py::init([](int64_t settle, int64_t warm, int64_t blocks, int64_t calls_per_block,
+                      double margin) {
+            return MeasuredChoice(
+                MeasuredChoiceProtocol{settle, warm, blocks, calls_per_block, margin});
+          }),
+          py::arg("settle") = d.settle, py::arg("warm") = d.warm, py::arg("blocks") = d.blocks,
+          py::arg("calls_per_block") = d.calls_per_block, py::arg("margin") = d.margin)
+      .def(
+          "next",
+          [](MeasuredChoice& c) {
+            const auto call = c.next();
+            return py::make_tuple(call.candidate, call.stamp, call.resolve);
+          },
+          "(candidate, stamp, resolve) of the next call")
+      .def("resolve", &MeasuredChoice::resolve, py::arg("block_ms"))
+      .def_property_readonly("decided", [](const MeasuredChoice& c) { return orNone(c.decided()); })
+      .def_property_readonly("calls", &MeasuredChoice::calls)
+      .def_property_readonly("medians", [](const MeasuredChoice& c) -> py::object {
+        const auto m = c.medians();
+        return m ? py::make_tuple(m->first, m->second) : py::object(py::none());
+      });
+}
+
 } // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -190,4 +223,5 @@ PYBIND11_MODULE(_C, m) {
       "The measured layout choices of layout=auto's unfrozen graphs: [{input_sizes, dtype, "
       "grad, autocast, calls, channels_last, nchw_ms, channels_last_ms}]");
   bindBackends(m);
+  bindMeasuredChoice(m);
 }

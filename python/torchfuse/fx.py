@@ -37,7 +37,8 @@ import torch.export
 import torch.fx
 import torch.nn as nn
 
-__all__ = ["fuse_graph", "optimize", "optimize_exported", "backend", "make_backend", "report", "pass_names"]
+__all__ = ["fuse_graph", "optimize", "optimize_exported", "backend", "make_backend", "measured_choices", "report",
+           "pass_names"]
 
 _ops = torch.ops.torchfuse
 _aten = torch.ops.aten
@@ -1071,6 +1072,12 @@ def optimize(gm: torch.fx.GraphModule, *, passes: Optional[Iterable[str]] = None
 
 
 def _optimize(gm: torch.fx.GraphModule, names: list, renamed: Dict[str, str]) -> torch.fx.GraphModule:
+    return _optimize_counting(gm, names, {}, renamed)
+
+
+def _optimize_counting(gm: torch.fx.GraphModule, names: list, counts: Dict[str, int],
+                       renamed: Optional[Dict[str, str]] = None) -> torch.fx.GraphModule:
+    """_optimize, with each pass's count of fused chains into ``counts``."""
     graph = torch.fx.Graph(owning_module=None, tracer_cls=gm.graph._tracer_cls)
     out = graph.graph_copy(gm.graph, {})
     graph.output(out)
@@ -1078,7 +1085,7 @@ def _optimize(gm: torch.fx.GraphModule, names: list, renamed: Dict[str, str]) ->
     # NB: the new module first: it owns the graph, whose call_module nodes
     # the rewrite reads through it, and it shares gm's submodules.
     result = torch.fx.GraphModule(gm, graph, gm.__class__.__name__)
-    _fuse(result.graph, names, renamed)
+    counts.update(_fuse(result.graph, names, {} if renamed is None else renamed))
     result.recompile()
     return result
 
@@ -1125,17 +1132,110 @@ def optimize_exported(ep: "torch.export.ExportedProgram", *,
         example_inputs=ep.example_inputs, constants=ep.constants, verifiers=ep.verifiers)
 
 
-def make_backend(passes: Optional[Iterable[str]] = None, inner: Any = "inductor") -> Callable:
+# The measured choices of make_backend(choice="measured") kept for
+# measured_choices(), newest last; older ones drop out.
+_MAX_CHOICES = 64
+_choices: List["_MeasuredGraph"] = []
+
+
+class _MeasuredGraph:
+    """A compiled graph that runs as the compiled rewrite (the candidate)
+    or the compiled original, chosen by timing the calls themselves with
+    the protocol of the TorchScript layout trial (ops/common/
+    measured_choice.h): the first calls run the original, then both
+    alternate, then timed blocks of calls of each; the rewrite is kept only
+    where its median block is at least the protocol's margin faster.  A
+    block's time runs from its first call's start to the next block's (CUDA
+    events on the current stream), so in training it holds the backward and
+    the optimizer step too.  Both compute the same values; which one ran
+    changes rounding only."""
+
+    def __init__(self, fused: Callable, original: Callable, counts: Dict[str, int]):
+        from torchfuse import _C
+
+        self._fns = (original, fused)
+        self._choice = _C.MeasuredChoice()
+        self._stamps: List[Any] = []
+        self._chosen: Optional[Callable] = None
+        self.counts = {k: v for k, v in counts.items() if v}
+
+    def __call__(self, *args):
+        if self._chosen is not None:
+            return self._chosen(*args)
+        if torch.cuda.is_current_stream_capturing():
+            return self._fns[0](*args)
+        candidate, stamp, resolve = self._choice.next()
+        if stamp:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            self._stamps.append(event)
+        if resolve:
+            self._stamps[-1].synchronize()
+            self._choice.resolve([a.elapsed_time(b) for a, b in zip(self._stamps, self._stamps[1:])])
+            self._stamps = []
+            self._chosen = self._fns[1] if self._choice.decided else self._fns[0]
+            return self._chosen(*args)
+        return self._fns[1 if candidate else 0](*args)
+
+    def state(self) -> Dict[str, Any]:
+        medians = self._choice.medians
+        return {"fused": self.counts, "calls": self._choice.calls, "chosen_fused": self._choice.decided,
+                "original_ms": medians[0] if medians else None, "fused_ms": medians[1] if medians else None}
+
+
+def measured_choices() -> List[Dict[str, Any]]:
+    """The choices of ``make_backend(choice="measured")`` graphs, oldest
+    first: the chains the rewrite fused (``fused``), ``calls`` so far and,
+    once decided, ``chosen_fused`` with the median block times in ms it was
+    decided by (``original_ms``, ``fused_ms``)."""
+    return [c.state() for c in _choices]
+
+
+def _on_cuda(gm: torch.fx.GraphModule, example_inputs) -> bool:
+    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    tensors += list(gm.parameters()) + list(gm.buffers())
+    return any(t.is_cuda for t in tensors)
+
+
+_CHOICES = ("measured", "fused")
+
+
+def make_backend(passes: Optional[Iterable[str]] = None, inner: Any = "inductor",
+                 choice: str = "measured") -> Callable:
     """A torch.compile backend: the rewrite of :func:`fuse_graph` on
     Dynamo's graph, then ``inner`` (a backend name or callable; default
-    Inductor)."""
+    Inductor).
+
+    ``choice``: ``"measured"`` (default) compiles a CUDA graph that the
+    rewrite changed twice, with and without the rewrite, and times the
+    calls to keep the rewrite only where it is faster than ``inner``'s own
+    code (see :func:`measured_choices`; twice the compile time, and the
+    first 27 calls run either); on the CPU, under deterministic algorithms
+    (where the original is kept) or where nothing was fused, it compiles
+    once.  ``"fused"`` always keeps the rewrite."""
     selected = _selected(passes, "make_backend")
+    if choice not in _CHOICES:
+        raise ValueError(f"torchfuse.fx.make_backend: expected choice to be one of {list(_CHOICES)}, "
+                         f"got {choice!r}")
 
     def torchfuse_backend(gm: torch.fx.GraphModule, example_inputs):
-        fuse_graph(gm.graph, selected)
-        gm.recompile()
         compiler = torch._dynamo.lookup_backend(inner) if isinstance(inner, str) else inner
-        return compiler(gm, example_inputs)
+        if choice == "fused" or not _on_cuda(gm, example_inputs):
+            fuse_graph(gm.graph, selected)
+            gm.recompile()
+            return compiler(gm, example_inputs)
+        if torch.are_deterministic_algorithms_enabled():
+            return compiler(gm, example_inputs)
+        # NB: the rewrite on a copy, compiled first: inner may rewrite the
+        # graph it is given in place (Inductor's pre-grad passes).
+        counts: Dict[str, int] = {}
+        fused = _optimize_counting(gm, selected, counts)
+        if not any(counts.values()):
+            return compiler(gm, example_inputs)
+        graph = _MeasuredGraph(compiler(fused, example_inputs), compiler(gm, example_inputs), counts)
+        _choices.append(graph)
+        del _choices[:-_MAX_CHOICES]
+        return graph
 
     return torchfuse_backend
 

@@ -575,3 +575,99 @@ def test_conv_batch_norm_act_in_eval(path):
     model, inputs = make(factory, ((2, 3, 6, 6),), train=True)
     counts = check_same(model, inputs, path, train=True)
     assert counts["conv_batch_norm_act"] == 0, counts
+
+
+# ------------------------------------------------------- measured choice
+
+
+def test_measured_choice_follows_the_layout_trials_protocol():
+    """torchfuse._C.MeasuredChoice, which make_backend(choice="measured")
+    times its graphs by: the original first, then alternating, then timed
+    blocks in ABBA order; the candidate only when its median block beats
+    the original's by the margin, and a failed timer keeps the original."""
+    from torchfuse import _C
+
+    c = _C.MeasuredChoice(settle=1, warm=2, blocks=2, calls_per_block=1, margin=0.1)
+    # (candidate, stamp, resolve)
+    assert [c.next() for _ in range(8)] == [
+        (False, False, False), (True, False, False), (False, False, False),
+        (True, True, False), (False, True, False), (False, True, False), (True, True, False),
+        (False, True, True)]
+    assert c.decided is None and c.medians is None
+    c.resolve([1.0, 2.0, 2.0, 1.0])  # blocks 0 and 3 ran the candidate
+    assert c.decided is True and c.medians == (2.0, 1.0)
+    assert c.next() == (True, False, False) and c.calls == 9
+    for times in ([1.0, 1.05, 1.05, 1.0], [2.0, 1.0, 1.0, 2.0], [1.0, 2.0], [1.0, float("nan"), 2.0, 1.0]):
+        c = _C.MeasuredChoice(settle=1, warm=2, blocks=2, calls_per_block=1, margin=0.1)
+        c.resolve(times)
+        assert c.decided is False, times
+
+
+def test_backend_choice_is_checked():
+    with pytest.raises(ValueError, match=r"expected choice to be one of \['measured', 'fused'\], got 'fastest'"):
+        tfx.make_backend(choice="fastest")
+
+
+def test_measured_backend_compiles_once_on_the_cpu():
+    """Without CUDA tensors nothing is timed: the rewrite is compiled, once."""
+    compiled = []
+
+    def inner(gm, example_inputs):
+        compiled.append(tfx.report(gm))
+        return gm
+
+    torch._dynamo.reset()
+    model, inputs = make(Net, ((2, 3, 6, 7),), train=False)
+    fn = torch.compile(model, backend=tfx.make_backend(inner=inner, choice="measured"), fullgraph=True)
+    with torch.no_grad():
+        torch.testing.assert_close(fn(*inputs), model(*inputs))
+    assert len(compiled) == 1 and compiled[0]["linear_add_relu"] == 2, compiled
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() is False")
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+def test_measured_backend_chooses_between_graphs_that_compute_the_same(train):
+    """make_backend(choice="measured") on CUDA: both graphs compiled, the
+    calls alternate between them until the choice is made, and every call,
+    whichever graph it ran, gives eager's output, gradients and running
+    statistics."""
+    compiled = []
+
+    def inner(gm, example_inputs):
+        compiled.append(tfx.report(gm))
+        return gm
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = Net().cuda().train(train)
+    opt = copy.deepcopy(model)
+    before = len(tfx.measured_choices())
+    fn = torch.compile(opt, backend=tfx.make_backend(inner=inner), fullgraph=True)
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        for i in range(30):
+            x = torch.randn(2, 3, 6, 7, device="cuda").requires_grad_(train)
+            xo = x.detach().clone().requires_grad_(train)
+            with torch.set_grad_enabled(train):
+                want, got = model(x), fn(xo)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+            if train:
+                want.square().sum().backward()
+                got.square().sum().backward()
+                torch.testing.assert_close(xo.grad, x.grad, rtol=1e-4, atol=1e-5)
+                ref = dict(model.named_parameters())
+                for name, p in opt.named_parameters():
+                    torch.testing.assert_close(p.grad, ref[name].grad, rtol=1e-4, atol=1e-5, msg=name)
+                model.zero_grad(set_to_none=True)
+                opt.zero_grad(set_to_none=True)
+            for name, b in opt.named_buffers():
+                torch.testing.assert_close(b, dict(model.named_buffers())[name], rtol=1e-4, atol=1e-5, msg=name)
+    finally:
+        torch.backends.cudnn.allow_tf32 = old
+    assert len(compiled) == 2 and sum(compiled[0].values()) > 0 and sum(compiled[1].values()) == 0, compiled
+    (state,) = tfx.measured_choices()[before:]
+    assert state["chosen_fused"] in (True, False), state
+    assert state["original_ms"] > 0 and state["fused_ms"] > 0, state
+    assert state["fused"] == {k: v for k, v in compiled[0].items() if v}, state
