@@ -824,7 +824,8 @@ def markdown_section(data: dict, png_rel: Optional[str] = None, level: int = 2) 
           f"- Median ms of ≥ {data.get('timing', {}).get('min_reps', '?')} runs "
           f"({data.get('timing', {}).get('method', '?')}) after a warm-up that includes the profiling runs. "
           "*torchfuse* is compared with *TorchScript* (script, or trace for BERT), *tf-freeze* "
-          "(`optimize(freeze=True)`) with *freeze*, both measured in the same process, the ratio from "
+          "(`optimize(freeze=True)`) with *freeze*, *tf-compile* (torchfuse.fx's backend, then Inductor) with "
+          "*compile*, each pair measured in the same process, the ratio from "
           "alternating rounds of the two where the row was measured so (results from before that: the "
           "separate units' medians): > 1× is faster; "
           "mem is the ratio of the peak memory of one step (< 1× uses less): of the bytes the ops requested "
@@ -833,14 +834,33 @@ def markdown_section(data: dict, png_rel: Optional[str] = None, level: int = 2) 
         L.append(f"- `{m}`: {info.get('desc')}")
     L.append("")
     cols = [v for v in COLS if any(v in rows for rows in g.values())]
-    L.append("| Model | Mode | " + " | ".join(SHORT[v] for v in cols) + " | torchfuse / script | tf-freeze / freeze |")
-    L.append("|---|---|" + "---|" * (len(cols) + 2))
+    ratios = [("torchfuse", "torchfuse / script"), ("torchfuse_freeze", "tf-freeze / freeze")]
+    ratios += [("torchfuse_compile", "tf-compile / compile")] if "torchfuse_compile" in cols else []
+    L.append("| Model | Mode | " + " | ".join(SHORT[v] for v in cols) + " | "
+             + " | ".join(title for _, title in ratios) + " |")
+    L.append("|---|---|" + "---|" * (len(cols) + len(ratios)))
     for (m, mode), rows in g.items():
         cells = [fmt_ms(rows[v]["median_ms"]) + (" **wrong**" if rows[v].get("wrong") else "") if v in rows else "–"
                  for v in cols]
-        L.append(f"| {m} | {mode} | " + " | ".join(cells) + f" | {ratio_cell(rows.get('torchfuse'))} | "
-                 f"{ratio_cell(rows.get('torchfuse_freeze'))} |")
+        L.append(f"| {m} | {mode} | " + " | ".join(cells) + " | "
+                 + " | ".join(ratio_cell(rows.get(v)) for v, _ in ratios) + " |")
     L.append("")
+    choices = [(m, mode, rows["torchfuse_compile"]) for (m, mode), rows in g.items()
+               if rows.get("torchfuse_compile", {}).get("measured_choices")]
+    if choices:
+        L += [f"{h}# Model zoo{on}: torchfuse.fx's measured choice", "",
+              "Each graph the rewrite changed, compiled with and without it; the calls' timed blocks "
+              "(2 calls each, median of 5 per way, docs/usage.md) decide, and the rewrite stays where it is "
+              "at least 3% faster. *tf-compile / compile* above is then the chosen graph against plain "
+              "torch.compile, in alternating rounds.", "",
+              "| Model | Mode | fused chains | chosen | block ms without | block ms with |", "|---|---|---|---|---|---|"]
+        for m, mode, r in choices:
+            for c in r["measured_choices"]:
+                chosen = {True: "the rewrite", False: "Inductor's own", None: "undecided"}[c["chosen_fused"]]
+                blocks = [fmt_ms(c[k]) if c.get(k) else "–" for k in ("original_ms", "fused_ms")]
+                L.append(f"| {m} | {mode} | " + (", ".join(f"{k} {n}" for k, n in c["fused"].items()) or "none")
+                         + f" | {chosen} | {blocks[0]} | {blocks[1]} |")
+        L.append("")
     if png_rel:
         L += [f"![torchfuse against the TorchScript module it replaces]({png_rel})", ""]
     L += [f"{h}# Model zoo{on}: memory, errors, fused chains", "",
