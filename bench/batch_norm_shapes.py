@@ -1,0 +1,99 @@
+"""custom_batch_norm_add_div_swish in training against eager's unfused
+batch_norm -> add -> div -> x*sigmoid(x) over a spread of shapes and dtypes:
+wide and narrow (N, C) inputs (the column reduction, narrow ones with many
+splits per channel), NCHW planes, and small host-bound ones.
+
+    python bench/batch_norm_shapes.py [--output bench/results/batch-norm-shapes-<gpu>.json]
+
+Forward, and forward plus backward (of a fixed random gradient), each the
+median of 50 calls timed with CUDA events after 5 warm-up calls, PyTorch's
+default flags.  The floor is the forward's memory traffic (x read twice,
+the output written once) at the device's 4.8 TB/s."""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from datetime import datetime, timezone
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = [(8192, 4096), (65536, 256), (256, 64), (32, 256, 56, 56), (64, 64, 112, 112), (8, 16, 5, 5)]
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+PEAK_GBS = 4800.0
+
+
+def median_ms(fn, reps=50, warmup=5):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def measure(shape, dtype):
+    ops = torch.ops.torchfuse
+    c = shape[1]
+    x = (torch.randn(*shape, device="cuda") * 2 + 0.5).to(dtype)
+    w, b = torch.randn(c, device="cuda", dtype=dtype), torch.randn(c, device="cuda", dtype=dtype)
+    rm, rv = torch.zeros(c, device="cuda", dtype=dtype), torch.ones(c, device="cuda", dtype=dtype)
+    other = torch.randn(1, device="cuda", dtype=dtype)
+    xg, gy = x.clone().requires_grad_(True), torch.randn_like(x)
+
+    def fused(inp):
+        return ops.custom_batch_norm_add_div_swish(inp, w, b, rm, rv, True, 0.1, 1e-5, other, 2.0)
+
+    def eager(inp):
+        t = (F.batch_norm(inp, rm, rv, w, b, True, 0.1, 1e-5) + other) / 2.0
+        return t * torch.sigmoid(t)
+
+    row = {"shape": list(shape), "dtype": str(dtype).replace("torch.", ""),
+           "floor_fwd_us": x.numel() * x.element_size() * 3 / PEAK_GBS / 1e3}
+    for name, fn in (("fused", fused), ("eager", eager)):
+        row[f"{name}_fwd_us"] = median_ms(lambda: fn(x)) * 1e3
+        row[f"{name}_fwdbwd_us"] = median_ms(lambda: fn(xg).backward(gy)) * 1e3
+    row["fwd_speedup"] = row["eager_fwd_us"] / row["fused_fwd_us"]
+    row["fwdbwd_speedup"] = row["eager_fwdbwd_us"] / row["fused_fwdbwd_us"]
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--output", default=None, help="results JSON (default: print only)")
+    ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("batch_norm_shapes: needs a CUDA device; torch.cuda.is_available() is False", file=sys.stderr)
+        return 2
+    import torchfuse  # noqa: F401  (registers torch.ops.torchfuse)
+
+    rows = []
+    for shape in SHAPES:
+        for dt in DTYPES.values():
+            r = measure(shape, dt)
+            rows.append(r)
+            print(f"{str(tuple(r['shape'])):22s} {r['dtype']:9s} fwd fused {r['fused_fwd_us']:8.1f} us "
+                  f"eager {r['eager_fwd_us']:8.1f} us ({r['fwd_speedup']:.2f}x) floor {r['floor_fwd_us']:7.1f} us | "
+                  f"fwd+bwd fused {r['fused_fwdbwd_us']:8.1f} eager {r['eager_fwdbwd_us']:8.1f} "
+                  f"({r['fwdbwd_speedup']:.2f}x)", flush=True)
+    if args.output:
+        commit = args.commit or subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True,
+                                               text=True).stdout.strip()
+        out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit,
+               "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M"),
+               "command": "python bench/batch_norm_shapes.py " + " ".join(argv or sys.argv[1:]), "rows": rows}
+        with open(args.output, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,38 @@
+"""bench/batch_norm_shapes.py: it refuses to run without CUDA, with the
+reason; on CUDA one shape's row has both ways' times and their ratios."""
+
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("bench_bn_shapes", os.path.join(ROOT, "bench", "batch_norm_shapes.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch sees no CUDA device")
+def test_refuses_without_cuda(capsys, tmp_path):
+    out = tmp_path / "r.json"
+    assert load().main(["--output", str(out)]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() is False")
+def test_one_shape_on_cuda():
+    import torchfuse  # noqa: F401
+
+    row = load().measure((64, 32, 4, 4), torch.float16)
+    for k in ("fused_fwd_us", "eager_fwd_us", "fused_fwdbwd_us", "eager_fwdbwd_us", "floor_fwd_us"):
+        assert row[k] > 0, (k, row)
+    assert row["fwd_speedup"] == pytest.approx(row["eager_fwd_us"] / row["fused_fwd_us"])
+    assert json.loads(json.dumps(row)) == row
