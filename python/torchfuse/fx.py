@@ -1132,10 +1132,24 @@ def optimize_exported(ep: "torch.export.ExportedProgram", *,
         example_inputs=ep.example_inputs, constants=ep.constants, verifiers=ep.verifiers)
 
 
-# The measured choices of make_backend(choice="measured") kept for
-# measured_choices(), newest last; older ones drop out.
+# The states of make_backend(choice="measured")'s choices, for
+# measured_choices(), newest last; older ones drop out.  NB: the states
+# alone, which hold no compiled graph, so a freed model's graphs are freed.
 _MAX_CHOICES = 64
-_choices: List["_MeasuredGraph"] = []
+_choices: List["_ChoiceState"] = []
+
+
+class _ChoiceState:
+    def __init__(self, counts: Dict[str, int]):
+        from torchfuse import _C
+
+        self.choice = _C.MeasuredChoice()
+        self.counts = {k: v for k, v in counts.items() if v}
+
+    def report(self) -> Dict[str, Any]:
+        medians = self.choice.medians
+        return {"fused": self.counts, "calls": self.choice.calls, "chosen_fused": self.choice.decided,
+                "original_ms": medians[0] if medians else None, "fused_ms": medians[1] if medians else None}
 
 
 class _MeasuredGraph:
@@ -1148,47 +1162,43 @@ class _MeasuredGraph:
     block's time runs from its first call's start to the next block's (CUDA
     events on the current stream), so in training it holds the backward and
     the optimizer step too.  Both compute the same values; which one ran
-    changes rounding only."""
+    changes rounding only.  Once decided, the other graph is let go."""
 
     def __init__(self, fused: Callable, original: Callable, counts: Dict[str, int]):
-        from torchfuse import _C
-
-        self._fns = (original, fused)
-        self._choice = _C.MeasuredChoice()
+        self._fns: Optional[tuple] = (original, fused)
+        self._state = _ChoiceState(counts)
         self._stamps: List[Any] = []
         self._chosen: Optional[Callable] = None
-        self.counts = {k: v for k, v in counts.items() if v}
+        _choices.append(self._state)
+        del _choices[:-_MAX_CHOICES]
 
     def __call__(self, *args):
         if self._chosen is not None:
             return self._chosen(*args)
         if torch.cuda.is_current_stream_capturing():
             return self._fns[0](*args)
-        candidate, stamp, resolve = self._choice.next()
+        choice = self._state.choice
+        candidate, stamp, resolve = choice.next()
         if stamp:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             self._stamps.append(event)
         if resolve:
             self._stamps[-1].synchronize()
-            self._choice.resolve([a.elapsed_time(b) for a, b in zip(self._stamps, self._stamps[1:])])
-            self._stamps = []
-            self._chosen = self._fns[1] if self._choice.decided else self._fns[0]
+            choice.resolve([a.elapsed_time(b) for a, b in zip(self._stamps, self._stamps[1:])])
+            self._chosen = self._fns[1] if choice.decided else self._fns[0]
+            self._stamps, self._fns = [], None
             return self._chosen(*args)
         return self._fns[1 if candidate else 0](*args)
-
-    def state(self) -> Dict[str, Any]:
-        medians = self._choice.medians
-        return {"fused": self.counts, "calls": self._choice.calls, "chosen_fused": self._choice.decided,
-                "original_ms": medians[0] if medians else None, "fused_ms": medians[1] if medians else None}
 
 
 def measured_choices() -> List[Dict[str, Any]]:
     """The choices of ``make_backend(choice="measured")`` graphs, oldest
-    first: the chains the rewrite fused (``fused``), ``calls`` so far and,
-    once decided, ``chosen_fused`` with the median block times in ms it was
-    decided by (``original_ms``, ``fused_ms``)."""
-    return [c.state() for c in _choices]
+    first (the latest 64): the chains the rewrite fused (``fused``),
+    ``calls`` until decided and, once decided, ``chosen_fused`` with the
+    median block times in ms it was decided by (``original_ms``,
+    ``fused_ms``)."""
+    return [c.report() for c in _choices]
 
 
 def _on_cuda(gm: torch.fx.GraphModule, example_inputs) -> bool:
@@ -1232,10 +1242,7 @@ def make_backend(passes: Optional[Iterable[str]] = None, inner: Any = "inductor"
         fused = _optimize_counting(gm, selected, counts)
         if not any(counts.values()):
             return compiler(gm, example_inputs)
-        graph = _MeasuredGraph(compiler(fused, example_inputs), compiler(gm, example_inputs), counts)
-        _choices.append(graph)
-        del _choices[:-_MAX_CHOICES]
-        return graph
+        return _MeasuredGraph(compiler(fused, example_inputs), compiler(gm, example_inputs), counts)
 
     return torchfuse_backend
 

@@ -603,6 +603,50 @@ def test_measured_choice_follows_the_layout_trials_protocol():
         assert c.decided is False, times
 
 
+@pytest.mark.parametrize("fused_ms", [1.0, 1.99], ids=["faster", "within-margin"])
+def test_measured_graph_alternates_then_keeps_the_faster(monkeypatch, fused_ms):
+    """_MeasuredGraph on a fake clock (each call advances it by its graph's
+    time; the events read it): the calls run the protocol's sequence, the
+    27th decides, and from then on only the chosen graph runs, the other
+    one released."""
+    clock, ran = [0.0], []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = clock[0]
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return end.t - self.t
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+    def graph(name, ms):
+        def run(x):
+            ran.append(name)
+            clock[0] += ms
+            return x + 1
+        return run
+
+    before = len(tfx.measured_choices())
+    g = tfx._MeasuredGraph(graph("fused", fused_ms), graph("original", 2.0), {"gate_mul": 2, "relu": 0})
+    assert all(g(i) == i + 1 for i in range(30))
+    abba = [b for b in "FOOFFOOFFO" for _ in range(2)]  # 5 blocks each way, 2 calls per block
+    wins = fused_ms < 2.0 * 0.97
+    want = list("OO" + "FOFO") + abba + ["F" if wins else "O"] * 4
+    assert [r[0].upper() for r in ran] == want
+    (state,) = tfx.measured_choices()[before:]
+    assert state == {"fused": {"gate_mul": 2}, "calls": 27, "chosen_fused": wins,
+                     "original_ms": pytest.approx(4.0), "fused_ms": pytest.approx(2 * fused_ms)}
+    assert g._fns is None and g._stamps == []
+
+
 def test_backend_choice_is_checked():
     with pytest.raises(ValueError, match=r"expected choice to be one of \['measured', 'fused'\], got 'fastest'"):
         tfx.make_backend(choice="fastest")
@@ -668,6 +712,6 @@ def test_measured_backend_chooses_between_graphs_that_compute_the_same(train):
         torch.backends.cudnn.allow_tf32 = old
     assert len(compiled) == 2 and sum(compiled[0].values()) > 0 and sum(compiled[1].values()) == 0, compiled
     (state,) = tfx.measured_choices()[before:]
-    assert state["chosen_fused"] in (True, False), state
+    assert state["chosen_fused"] in (True, False) and state["calls"] == 27, state
     assert state["original_ms"] > 0 and state["fused_ms"] > 0, state
     assert state["fused"] == {k: v for k, v in compiled[0].items() if v}, state
