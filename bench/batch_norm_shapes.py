@@ -12,7 +12,7 @@ the output written once) at the device's 4.8 TB/s."""
 
 import argparse
 import json
-import statistics
+import os
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -20,23 +20,13 @@ from datetime import datetime, timezone
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cuda_timing import median_ms  # noqa: E402
+
 SHAPES = [(8192, 4096), (65536, 256), (256, 64), (32, 256, 56, 56), (64, 64, 112, 112), (8, 16, 5, 5)]
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 PEAK_GBS = 4800.0
-
-
-def median_ms(fn, reps=50, warmup=5):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
+REPS, WARMUP = 50, 5
 
 
 def measure(shape, dtype):
@@ -58,8 +48,8 @@ def measure(shape, dtype):
     row = {"shape": list(shape), "dtype": str(dtype).replace("torch.", ""),
            "floor_fwd_us": x.numel() * x.element_size() * 3 / PEAK_GBS / 1e3}
     for name, fn in (("fused", fused), ("eager", eager)):
-        row[f"{name}_fwd_us"] = median_ms(lambda: fn(x)) * 1e3
-        row[f"{name}_fwdbwd_us"] = median_ms(lambda: fn(xg).backward(gy)) * 1e3
+        row[f"{name}_fwd_us"] = median_ms(lambda: fn(x), REPS, WARMUP) * 1e3
+        row[f"{name}_fwdbwd_us"] = median_ms(lambda: fn(xg).backward(gy), REPS, WARMUP) * 1e3
     row["fwd_speedup"] = row["eager_fwd_us"] / row["fused_fwd_us"]
     row["fwdbwd_speedup"] = row["eager_fwdbwd_us"] / row["fused_fwdbwd_us"]
     return row

@@ -36,6 +36,9 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "python"))
 import torchfuse  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cuda_timing import median_ms  # noqa: E402
+
 ops = torch.ops.torchfuse
 # torchfuse.backends.conv settings: (channels_last_route, allow_implicit_gemm,
 # nchw_conversion), each forcing its strategy
@@ -48,20 +51,6 @@ def select(variant: str, lookahead: int = 0) -> None:
     conv = torchfuse.backends.conv
     conv.channels_last_route, conv.allow_implicit_gemm, conv.nchw_conversion = VARIANTS[variant]
     conv.conversion_lookahead = lookahead
-
-
-def median_ms(fn, reps: int) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
