@@ -647,6 +647,35 @@ def test_measured_graph_alternates_then_keeps_the_faster(monkeypatch, fused_ms):
     assert g._fns is None and g._stamps == []
 
 
+def test_measured_backend_branches(monkeypatch):
+    """Where the graph is taken for a CUDA one: both graphs compiled (the
+    rewrite first) behind a _MeasuredGraph; under deterministic algorithms
+    only the original, once; a graph with no chain compiles once."""
+    compiled = []
+
+    def inner(gm, example_inputs):
+        compiled.append(sum(tfx.report(gm).values()))
+        return gm
+
+    monkeypatch.setattr(tfx, "_on_cuda", lambda gm, example_inputs: True)
+    model, inputs = make(Net, ((2, 3, 6, 7),), train=False)
+    gm = torch.fx.symbolic_trace(model)
+    got = tfx.make_backend(inner=inner)(gm, inputs)
+    assert isinstance(got, tfx._MeasuredGraph) and compiled[0] > 0 and compiled[1] == 0, compiled
+    compiled.clear()
+    old = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        got = tfx.make_backend(inner=inner)(torch.fx.symbolic_trace(model), inputs)
+    finally:
+        torch.use_deterministic_algorithms(old)
+    assert isinstance(got, torch.fx.GraphModule) and compiled == [0], compiled
+    compiled.clear()
+    plain = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(4, 4), nn.Tanh()))
+    assert isinstance(tfx.make_backend(inner=inner)(plain, [torch.randn(2, 4)]), torch.fx.GraphModule)
+    assert compiled == [0], compiled
+
+
 def test_backend_choice_is_checked():
     with pytest.raises(ValueError, match=r"expected choice to be one of \['measured', 'fused'\], got 'fastest'"):
         tfx.make_backend(choice="fastest")
