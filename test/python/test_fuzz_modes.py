@@ -249,3 +249,78 @@ def test_frozen_programs_call_optimize_with_preserved_attrs(monkeypatch):
     failures = fuzz_pass.check_source(source, SHAPES, 3, dtypes=("float64",), modes=("train", "frozen")).failures
     assert failures == []
     assert calls == [(False, None), (True, ["exported", "p0"])]
+
+
+# ------------------------------------------------------------------ fx mode
+
+FX_SOURCE = """\
+class Program(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 5)
+        self.bn = nn.BatchNorm1d(5)
+    def forward(self, x0):
+        v = F.relu(self.lin(x0) + 1.0)
+        return self.bn(v)
+"""
+
+
+def fx_stand_in(alter):
+    """A torchfuse.fx.optimize whose result is then altered by alter(gm)."""
+    import torchfuse.fx as tfx
+
+    real = tfx.optimize
+
+    def optimize(gm, passes=None):
+        out = real(gm, passes=passes)
+        alter(out)
+        out.recompile()
+        return out
+
+    return optimize
+
+
+def scale_output(gm):
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    with gm.graph.inserting_before(out):
+        scaled = gm.graph.call_function(torch.mul, (out.args[0], 1.0001))
+    out.args = (scaled,)
+
+
+def bn_momentum(gm):
+    for m in gm.modules():
+        if isinstance(m, nn.BatchNorm1d):
+            m.momentum = 0.2
+
+
+def test_fx_mode_passes_the_rewrite_and_fails_planted_faults(monkeypatch):
+    """fx mode: torchfuse.fx.optimize of the program's symbolic traces,
+    in training and eval mode, against the traces; a scaled output and a
+    running-statistics update of another momentum are failures."""
+    import torchfuse.fx as tfx
+
+    out = fuzz_pass.check_source(FX_SOURCE, [[3, 4]], 0, modes=("fx",))
+    assert not out.failures, out.failures
+    assert out.fx_traced == 4 and out.fx_untraceable == 0  # train and eval, float64 and float32
+    assert out.fx_fused["relu"] == 4, out.fx_fused  # an add of a number is not linear_add_relu's
+    monkeypatch.setattr(tfx, "optimize", fx_stand_in(scale_output))
+    out = fuzz_pass.check_source(FX_SOURCE, [[3, 4]], 0, dtypes=("float64",), modes=("fx",))
+    assert any(re.match(r"float64 fx train step 0: output 0: max \|diff\|", f) for f in out.failures), out.failures
+    monkeypatch.setattr(tfx, "optimize", fx_stand_in(bn_momentum))
+    out = fuzz_pass.check_source(FX_SOURCE, [[3, 4]], 0, dtypes=("float64",), modes=("fx",))
+    assert any("buffer root.bn.running_mean" in f for f in out.failures), out.failures
+
+
+def test_fx_mode_skips_what_symbolic_trace_cannot_trace():
+    source = """\
+class Program(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+    def forward(self, x0):
+        if bool(x0.sum() > 0):
+            return self.lin(x0)
+        return x0
+"""
+    out = fuzz_pass.check_source(source, [[3, 4]], 0, dtypes=("float64",), modes=("fx",))
+    assert not out.failures and out.fx_traced == 0 and out.fx_untraceable == 1, out

@@ -2,7 +2,7 @@
 what a module computes.
 
     tools/fuzz_pass.py --programs N --seed S [--emit-regressions DIR]
-                       [--modes train,eval,frozen,autocast,double_backward]
+                       [--modes train,eval,frozen,autocast,double_backward,fx]
                        [--features tied,exported,attention,dropout|none]
 
 Each program is a random nn.Module written as Python source from a small
@@ -38,7 +38,13 @@ scripted and optimized twice, and checked in these modes:
   autocast  the train mode's steps under torch.autocast('cpu', bfloat16)
             (float32): equal dtypes, values judged against the float64 run;
   double_backward  a gradient penalty: gradients with create_graph=True,
-            then the gradients of the sum of their squares.
+            then the gradients of the sum of their squares;
+  fx        torchfuse.fx.optimize (every pass) of torch.fx.symbolic_trace of
+            the module, traced in training (two steps) and in eval mode
+            (one step), against the unrewritten trace; the parameters,
+            gradients and buffers compared are the traced module's, which
+            the traces share (a program that does not trace is counted,
+            not judged).
 
 Each step runs the original and the optimized module on equal copies of the
 same signed random inputs, in float64 and in float32, and compares outputs,

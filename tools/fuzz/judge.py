@@ -62,6 +62,13 @@ class Outcome:
     shares: bool = False
     # Train and frozen modes run again with layout="channels_last" (modes.CHANNELS_LAST).
     channels_last: int = 0
+    # fx mode: the traces checked (train and eval, per dtype), the dtypes
+    # whose module torch.fx.symbolic_trace could not trace (not judged), and
+    # the chains torchfuse.fx fused (apart from `fused`, the TorchScript
+    # pipeline's).
+    fx_traced: int = 0
+    fx_untraceable: int = 0
+    fx_fused: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
 
 def _flat(out) -> List[torch.Tensor]:

@@ -28,8 +28,12 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 # train, eval: steps of optimize(m) (training, then inference); frozen:
 # optimize(m.eval(), freeze=True); autocast: the train and eval steps again
 # under CPU autocast to bfloat16 (float32 only); double_backward: a
-# gradient penalty through optimize(m) (see _double_backward_values).
-MODES = ["train", "eval", "frozen", "autocast", "double_backward"]
+# gradient penalty through optimize(m) (see _double_backward_values); fx:
+# torchfuse.fx.optimize of torch.fx.symbolic_trace(m), traced in training
+# (two steps) and in eval mode (one), against the unrewritten trace (see
+# _check_fx).
+MODES = ["train", "eval", "frozen", "autocast", "double_backward", "fx"]
+FX = "fx"
 AUTOCAST = "autocast"
 # The frozen and train modes' variant: optimize(..., [freeze=True,]
 # layout="channels_last") (passes/convert_to_channels_last.cpp; unfrozen,
@@ -628,6 +632,7 @@ def _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, prese
         model = _to_dtype(cls(), dtype)
         frozen_base = copy.deepcopy(model).eval()
         train_base = copy.deepcopy(model)  # NB: before the steps write its state
+        fx_base = copy.deepcopy(model) if FX in modes else None
         g = torch.Generator().manual_seed(seed + 1)
         inputs = [torch.randn(s, generator=g).to(dtype) for s in input_shapes]
         variant_inputs = None if channels_last == "none" else [
@@ -669,6 +674,8 @@ def _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, prese
                             f"{label} {{mode}} step {{i}}", stop_early, round_trip, outcome, strides=True)
                 if stop_early and outcome.failures:
                     return
+        if FX in modes and not _check_fx(fx_base, inputs, seed, dtype, dname, stop_early, outcome):
+            return
         if "frozen" in modes:
             # NB: copies before the steps write its buffers.
             variant = copy.deepcopy(frozen_base) if variant_inputs is not None else None
@@ -682,6 +689,52 @@ def _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, prese
                 if not _check_frozen(variant, variant_inputs, seed, dtype, label,
                                      round_trip, preserved, exported, stop_early, outcome, "channels_last"):
                     return
+
+
+class _Traced(torch.nn.Module):
+    """A trace of `root` run as a module whose parameters and buffers are
+    root's: the trace shares them, so the steps compare what the user's
+    module holds, under the same names for both traces (a rewritten graph
+    references fewer attributes than the module has)."""
+
+    def __init__(self, root, traced):
+        super().__init__()
+        self.root = root
+        object.__setattr__(self, "traced", traced)  # NB: not a submodule: its attributes are root's
+
+    def forward(self, *args):
+        return self.traced(*args)
+
+
+def _check_fx(model, inputs, seed, dtype, label: str, stop_early: bool, outcome: Outcome) -> bool:
+    """The fx mode of `model`: traced by torch.fx.symbolic_trace in
+    training and in eval mode, each trace's torchfuse.fx.optimize (every
+    pass) run against the trace itself, on copies of `model`: two training
+    steps, one eval step.  A program that does not trace is not judged.
+    False where the check is to stop."""
+    import torchfuse.fx
+
+    for training, steps in ((True, [("train", 0), ("train", 1)]), (False, [("eval", 2)])):
+        a, b = (copy.deepcopy(model).train(training) for _ in range(2))
+        try:
+            ref, traced = torch.fx.symbolic_trace(a), torch.fx.symbolic_trace(b)
+        except Exception:  # noqa: BLE001  (data-dependent control flow, ...)
+            outcome.fx_untraceable += 1
+            return True
+        outcome.fx_traced += 1
+        what = f"{label} {FX} {'train' if training else 'eval'}"
+        try:
+            opt = torchfuse.fx.optimize(traced, passes=torchfuse.fx.pass_names())
+        except Exception as e:  # noqa: BLE001
+            outcome.failures.append(f"{what}: torchfuse.fx.optimize raised: {type(e).__name__}: {_message(e)}")
+            return not stop_early
+        for op, n in torchfuse.fx.report(opt).items():
+            outcome.fx_fused[op] += n
+        _run_steps(_Traced(a, ref), _Traced(b, opt), steps, inputs, seed, dtype, True,
+                   f"{label} {FX} {{mode}} step {{i}}", stop_early, outcome)
+        if stop_early and outcome.failures:
+            return False
+    return True
 
 
 def _check_frozen(model, inputs, seed, dtype, label: str, round_trip: bool, preserved, exported,

@@ -78,6 +78,9 @@ class Summary:
     shares: int = 0  # programs whose original shares a tensor between attributes
     exported: int = 0  # programs with an exported method
     channels_last: int = 0  # programs whose train or frozen mode ran with layout="channels_last" too
+    fx_traced: int = 0  # fx mode: traces checked, traces that failed (not judged), chains fused
+    fx_untraceable: int = 0
+    fx_fused: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     failures: List[Tuple[int, Program, List[str]]] = dataclasses.field(default_factory=list)
 
 
@@ -119,6 +122,9 @@ def run(programs: int, seed: int, start: int = 0, shrink_failures: bool = True,
         summary.shares += outcome.shares
         summary.exported += prog.export is not None
         summary.channels_last += outcome.channels_last > 0
+        summary.fx_traced += outcome.fx_traced
+        summary.fx_untraceable += outcome.fx_untraceable
+        summary.fx_fused.update(outcome.fx_fused)
         if not outcome.failures:
             summary.passed += 1
             if verbose:
@@ -163,6 +169,10 @@ def print_summary(s: Summary, seed: int, start: int, programs: int, elapsed: flo
           f"{s.frozen_alike} modes differed from the original as torch's own frozen original did "
           f"(freeze_module), {s.frozen_torch_differs} otherwise where torch's own frozen original with a training "
           f"batch_norm differed too (not judged)")
+    if "fx" in modes:
+        print(f"fx: {s.fx_traced} traces checked, {s.fx_untraceable} programs x dtypes symbolic_trace could not "
+              f"trace (not judged); torchfuse.fx fused " + (", ".join(f"{op} {n}" for op, n in s.fx_fused.items() if n)
+                                                      or "nothing"))
     print(f"programs with fused nodes: {s.fused_programs} of {s.passed + s.failed}")
     for op in OPS:
         print(f"  {op:26s} {s.fused_nodes[op]:6d} nodes in {s.fused_in[op]:5d} programs")
