@@ -301,7 +301,7 @@ def test_fx_mode_passes_the_rewrite_and_fails_planted_faults(monkeypatch):
 
     out = fuzz_pass.check_source(FX_SOURCE, [[3, 4]], 0, modes=("fx",))
     assert not out.failures, out.failures
-    assert out.fx_traced == 4 and out.fx_untraceable == 0  # train and eval, float64 and float32
+    assert out.fx_traced["fx"] == 4 and not out.fx_untraceable  # train and eval, float64 and float32
     assert out.fx_fused["relu"] == 4, out.fx_fused  # an add of a number is not linear_add_relu's
     monkeypatch.setattr(tfx, "optimize", fx_stand_in(scale_output))
     out = fuzz_pass.check_source(FX_SOURCE, [[3, 4]], 0, dtypes=("float64",), modes=("fx",))
@@ -323,4 +323,30 @@ class Program(nn.Module):
         return x0
 """
     out = fuzz_pass.check_source(source, [[3, 4]], 0, dtypes=("float64",), modes=("fx",))
-    assert not out.failures and out.fx_traced == 0 and out.fx_untraceable == 1, out
+    assert not out.failures and not out.fx_traced and out.fx_untraceable["fx"] == 1, out
+
+
+def test_compile_mode_passes_the_rewrite_and_fails_a_planted_fault(monkeypatch):
+    """compile mode: torch.compile with torchfuse.fx's backend (Dynamo's
+    graphs rewritten, then run as they are) against the module itself; a
+    rewrite that scales the output is a failure, and the rewrite-free
+    torch.compile agrees with the module, so the failure is judged."""
+    import torchfuse.fx as tfx
+
+    out = fuzz_pass.check_source(FX_SOURCE, [[3, 4]], 0, modes=("compile",))
+    assert not out.failures, out.failures
+    assert out.fx_traced["compile"] == 4 and not out.fx_untraceable, out
+    real = tfx.fuse_graph
+
+    def scaled(graph, passes=None):
+        counts = real(graph, passes)
+        out_node = next(n for n in graph.nodes if n.op == "output")
+        with graph.inserting_before(out_node):
+            first = graph.call_function(torch.mul, (out_node.args[0][0], 1.0001))
+        out_node.args = ((first,) + tuple(out_node.args[0][1:]),)
+        return counts
+
+    monkeypatch.setattr(tfx, "fuse_graph", scaled)
+    out = fuzz_pass.check_source(FX_SOURCE, [[3, 4]], 0, dtypes=("float64",), modes=("compile",))
+    assert any(re.match(r"float64 compile train step 0: output 0: max \|diff\|", f) for f in out.failures), \
+        out.failures

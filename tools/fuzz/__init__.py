@@ -2,7 +2,7 @@
 what a module computes.
 
     tools/fuzz_pass.py --programs N --seed S [--emit-regressions DIR]
-                       [--modes train,eval,frozen,autocast,double_backward,fx]
+                       [--modes train,eval,frozen,autocast,double_backward,fx,compile]
                        [--features tied,exported,attention,dropout|none]
 
 Each program is a random nn.Module written as Python source from a small
@@ -44,7 +44,12 @@ scripted and optimized twice, and checked in these modes:
             (one step), against the unrewritten trace; the parameters,
             gradients and buffers compared are the traced module's, which
             the traces share (a program that does not trace is counted,
-            not judged).
+            not judged);
+  compile   the same steps through torch.compile(m) with torchfuse.fx's
+            backend (every pass, the rewrite kept, Dynamo's graphs run as
+            they are) against m itself; where they differ and a
+            rewrite-free torch.compile(backend="eager") differs from m as
+            well, the program is counted, not judged.
 
 Each step runs the original and the optimized module on equal copies of the
 same signed random inputs, in float64 and in float32, and compares outputs,

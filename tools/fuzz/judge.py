@@ -62,12 +62,13 @@ class Outcome:
     shares: bool = False
     # Train and frozen modes run again with layout="channels_last" (modes.CHANNELS_LAST).
     channels_last: int = 0
-    # fx mode: the traces checked (train and eval, per dtype), the dtypes
-    # whose module torch.fx.symbolic_trace could not trace (not judged), and
-    # the chains torchfuse.fx fused (apart from `fused`, the TorchScript
-    # pipeline's).
-    fx_traced: int = 0
-    fx_untraceable: int = 0
+    # fx and compile modes, by mode: the graphs checked (train and eval,
+    # per dtype), the dtypes whose module did not trace (symbolic_trace) or
+    # whose torch.compile with a rewrite-free backend already differed from
+    # the module (not judged); and the chains torchfuse.fx fused in either
+    # (apart from `fused`, the TorchScript pipeline's).
+    fx_traced: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    fx_untraceable: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     fx_fused: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
 

@@ -13,6 +13,7 @@ import random
 import re
 import sys
 import types
+import warnings
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -30,10 +31,12 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 # under CPU autocast to bfloat16 (float32 only); double_backward: a
 # gradient penalty through optimize(m) (see _double_backward_values); fx:
 # torchfuse.fx.optimize of torch.fx.symbolic_trace(m), traced in training
-# (two steps) and in eval mode (one), against the unrewritten trace (see
+# (two steps) and in eval mode (one), against the unrewritten trace;
+# compile: the same steps through torch.compile(m) with torchfuse.fx's
+# backend (Dynamo's graphs, the rewrite run as they are) against m (see
 # _check_fx).
-MODES = ["train", "eval", "frozen", "autocast", "double_backward", "fx"]
-FX = "fx"
+MODES = ["train", "eval", "frozen", "autocast", "double_backward", "fx", "compile"]
+FX, COMPILE = "fx", "compile"
 AUTOCAST = "autocast"
 # The frozen and train modes' variant: optimize(..., [freeze=True,]
 # layout="channels_last") (passes/convert_to_channels_last.cpp; unfrozen,
@@ -632,7 +635,7 @@ def _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, prese
         model = _to_dtype(cls(), dtype)
         frozen_base = copy.deepcopy(model).eval()
         train_base = copy.deepcopy(model)  # NB: before the steps write its state
-        fx_base = copy.deepcopy(model) if FX in modes else None
+        fx_base = copy.deepcopy(model) if FX in modes or COMPILE in modes else None
         g = torch.Generator().manual_seed(seed + 1)
         inputs = [torch.randn(s, generator=g).to(dtype) for s in input_shapes]
         variant_inputs = None if channels_last == "none" else [
@@ -674,8 +677,9 @@ def _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, prese
                             f"{label} {{mode}} step {{i}}", stop_early, round_trip, outcome, strides=True)
                 if stop_early and outcome.failures:
                     return
-        if FX in modes and not _check_fx(fx_base, inputs, seed, dtype, dname, stop_early, outcome):
-            return
+        for how in (FX, COMPILE):
+            if how in modes and not _check_fx(fx_base, inputs, seed, dtype, dname, stop_early, outcome, how):
+                return
         if "frozen" in modes:
             # NB: copies before the steps write its buffers.
             variant = copy.deepcopy(frozen_base) if variant_inputs is not None else None
@@ -706,32 +710,90 @@ class _Traced(torch.nn.Module):
         return self.traced(*args)
 
 
-def _check_fx(model, inputs, seed, dtype, label: str, stop_early: bool, outcome: Outcome) -> bool:
-    """The fx mode of `model`: traced by torch.fx.symbolic_trace in
-    training and in eval mode, each trace's torchfuse.fx.optimize (every
-    pass) run against the trace itself, on copies of `model`: two training
-    steps, one eval step.  A program that does not trace is not judged.
-    False where the check is to stop."""
+def _compiled(module, backend):
+    """torch.compile(module, backend=backend), called with Dynamo's warning
+    about reading a non-leaf input's .grad (its guards do; the steps'
+    inputs are non-leaf copies) silenced: pytest's configuration turns
+    warnings into errors."""
+    fn = torch.compile(module, backend=backend)
+
+    def call(*args):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"The \.grad attribute of a Tensor that is not a leaf",
+                                    category=UserWarning)
+            return fn(*args)
+
+    return call
+
+
+def _fx_pair(a, b, how: str, outcome: Outcome):
+    """(reference, rewritten) callables over modules a and b (copies of one
+    program, in one mode): how="fx", symbolic traces of both, the second
+    rewritten by torchfuse.fx.optimize; how="compile", a itself and
+    torch.compile(b) with torchfuse.fx's backend (every pass, the rewrite
+    kept, Dynamo's graphs then run as they are).  None where a does not
+    trace; raises where the rewrite fails."""
     import torchfuse.fx
 
-    for training, steps in ((True, [("train", 0), ("train", 1)]), (False, [("eval", 2)])):
-        a, b = (copy.deepcopy(model).train(training) for _ in range(2))
+    passes = torchfuse.fx.pass_names()
+    if how == FX:
         try:
             ref, traced = torch.fx.symbolic_trace(a), torch.fx.symbolic_trace(b)
         except Exception:  # noqa: BLE001  (data-dependent control flow, ...)
-            outcome.fx_untraceable += 1
-            return True
-        outcome.fx_traced += 1
-        what = f"{label} {FX} {'train' if training else 'eval'}"
+            return None
+        opt = torchfuse.fx.optimize(traced, passes=passes)
+        outcome.fx_fused.update(torchfuse.fx.report(opt))
+        return ref, opt
+
+    def keep(gm, example_inputs):
+        outcome.fx_fused.update(torchfuse.fx.report(gm))
+        return gm
+
+    torch._dynamo.reset()
+    return a, _compiled(b, torchfuse.fx.make_backend(passes=passes, inner=keep, choice="fused"))
+
+
+def _check_fx(model, inputs, seed, dtype, label: str, stop_early: bool, outcome: Outcome, how: str = FX) -> bool:
+    """The fx or compile mode (`how`) of `model`, in training and in eval
+    mode, each on fresh copies of `model` (_fx_pair): two training steps,
+    one eval step.  A program that does not trace, or (compile) whose
+    steps through a rewrite-free torch.compile already differ from the
+    module's, is not judged.  False where the check is to stop."""
+    for training, steps in ((True, [("train", 0), ("train", 1)]), (False, [("eval", 2)])):
+        a, b, c = (copy.deepcopy(model).train(training) for _ in range(3))
+        what = f"{label} {how} {'train' if training else 'eval'}"
         try:
-            opt = torchfuse.fx.optimize(traced, passes=torchfuse.fx.pass_names())
+            pair = _fx_pair(a, b, how, outcome)
         except Exception as e:  # noqa: BLE001
-            outcome.failures.append(f"{what}: torchfuse.fx.optimize raised: {type(e).__name__}: {_message(e)}")
+            outcome.failures.append(f"{what}: the rewrite raised: {type(e).__name__}: {_message(e)}")
             return not stop_early
-        for op, n in torchfuse.fx.report(opt).items():
-            outcome.fx_fused[op] += n
-        _run_steps(_Traced(a, ref), _Traced(b, opt), steps, inputs, seed, dtype, True,
-                   f"{label} {FX} {{mode}} step {{i}}", stop_early, outcome)
+        if pair is None:
+            outcome.fx_untraceable[how] += 1
+            return True
+        outcome.fx_traced[how] += 1
+        failed = len(outcome.failures)
+        try:
+            _run_steps(_Traced(a, pair[0]), _Traced(b, pair[1]), steps, inputs, seed, dtype, True,
+                       f"{label} {how} {{mode}} step {{i}}", stop_early, outcome)
+        except Invalid:
+            outcome.fx_untraceable[how] += 1
+            return True
+        if how == COMPILE and len(outcome.failures) > failed:
+            # NB: Dynamo's own capture may differ from the module (not the
+            # rewrite's doing): then nothing is judged.
+            plain = Outcome(exact={})
+            torch._dynamo.reset()
+            try:
+                r = copy.deepcopy(model).train(training)
+                _run_steps(_Traced(r, r), _Traced(c, _compiled(c, "eager")), steps, inputs, seed, dtype, True,
+                           f"{label} {how} {{mode}} step {{i}} (rewrite-free)", True, plain)
+            except Exception:  # noqa: BLE001  (Dynamo itself raised)
+                plain.failures.append("raised")
+            if plain.failures:
+                del outcome.failures[failed:]
+                outcome.fx_traced[how] -= 1
+                outcome.fx_untraceable[how] += 1
+                return True
         if stop_early and outcome.failures:
             return False
     return True

@@ -78,8 +78,9 @@ class Summary:
     shares: int = 0  # programs whose original shares a tensor between attributes
     exported: int = 0  # programs with an exported method
     channels_last: int = 0  # programs whose train or frozen mode ran with layout="channels_last" too
-    fx_traced: int = 0  # fx mode: traces checked, traces that failed (not judged), chains fused
-    fx_untraceable: int = 0
+    # fx and compile modes: graphs checked and not judged, by mode; chains fused
+    fx_traced: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    fx_untraceable: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     fx_fused: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     failures: List[Tuple[int, Program, List[str]]] = dataclasses.field(default_factory=list)
 
@@ -122,8 +123,8 @@ def run(programs: int, seed: int, start: int = 0, shrink_failures: bool = True,
         summary.shares += outcome.shares
         summary.exported += prog.export is not None
         summary.channels_last += outcome.channels_last > 0
-        summary.fx_traced += outcome.fx_traced
-        summary.fx_untraceable += outcome.fx_untraceable
+        summary.fx_traced.update(outcome.fx_traced)
+        summary.fx_untraceable.update(outcome.fx_untraceable)
         summary.fx_fused.update(outcome.fx_fused)
         if not outcome.failures:
             summary.passed += 1
@@ -169,10 +170,12 @@ def print_summary(s: Summary, seed: int, start: int, programs: int, elapsed: flo
           f"{s.frozen_alike} modes differed from the original as torch's own frozen original did "
           f"(freeze_module), {s.frozen_torch_differs} otherwise where torch's own frozen original with a training "
           f"batch_norm differed too (not judged)")
-    if "fx" in modes:
-        print(f"fx: {s.fx_traced} traces checked, {s.fx_untraceable} programs x dtypes symbolic_trace could not "
-              f"trace (not judged); torchfuse.fx fused " + (", ".join(f"{op} {n}" for op, n in s.fx_fused.items() if n)
-                                                      or "nothing"))
+    if "fx" in modes or "compile" in modes:
+        print(f"fx: {s.fx_traced['fx']} symbolic traces checked, {s.fx_untraceable['fx']} programs x dtypes that "
+              f"did not trace; compile: {s.fx_traced['compile']} Dynamo captures checked, "
+              f"{s.fx_untraceable['compile']} programs x dtypes whose rewrite-free torch.compile already differed "
+              f"(neither judged); torchfuse.fx fused "
+              + (", ".join(f"{op} {n}" for op, n in s.fx_fused.items() if n) or "nothing"))
     print(f"programs with fused nodes: {s.fused_programs} of {s.passed + s.failed}")
     for op in OPS:
         print(f"  {op:26s} {s.fused_nodes[op]:6d} nodes in {s.fused_in[op]:5d} programs")
