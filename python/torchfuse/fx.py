@@ -839,9 +839,11 @@ class _Rewriter:
             tail = chain_tail[-1]
             if not _no_intervening_writes(bn_node, tail, set(chain), [x, w, b, rm, rv, other]):
                 continue
-            # notWrittenAfter: the op saves other and bias for its backward
+            # notWrittenAfter: the op saves other and bias for its backward,
+            # and in eval mode reads the running statistics there too (a
+            # later training batch_norm on the same statistics writes them)
             if any(_may_alias(wr, v) for n in _after(bn_node) if n not in chain
-                   for wr in _writes(n) for v in (other, b)):
+                   for wr in _writes(n) for v in (other, b, rm, rv)):
                 continue
             # noInterveningAccess: the statistics' update moves to the tail
             if training and any(_may_alias(u, s) for n in _between(bn_node, tail) if n not in chain

@@ -306,6 +306,26 @@ CASES = [
         v49 = v47 + self.p48
         return v49
 """),
+    # The FX rewrite fused an eval batch_norm -> add -> div -> swish whose
+    # running_var a later training batch_norm writes (a buffer shared under
+    # a second name): the eval op's backward read the written statistics,
+    # the unfused chain's gradient did not (compile mode; the TorchScript
+    # pass's notWrittenAfter already named them, the FX port did not).
+    case("fx_eval_batch_norm_swish_statistics_written_after", [[4, 6]], 777, {}, """\
+        self.bn5 = nn.BatchNorm1d(6, affine=False)
+        self.k8 = 0.5
+        self.fc11 = nn.Linear(6, 6, bias=False)
+        self.p18 = nn.Parameter(torch.randn(6))
+        self.register_buffer("rm22", torch.zeros(6))
+        self.register_buffer("rv23", self.bn5.running_var)
+    def forward(self, x0):
+        v6 = self.bn5(x0)
+        v7 = v6 + x0
+        v9 = v7 / self.k8
+        v10 = v9 * torch.sigmoid(v9)
+        v24 = F.batch_norm(x0, self.rm22, self.rv23, None, self.p18, True, 0.3, 1e-05)
+        return F.linear(v10, self.fc11.weight)
+"""),
     # Under autocast (CPU, bfloat16) in training, custom_unmasked_attention's
     # backward needed its float32 input view, which a later in-place silu_ of
     # x1 modifies; the original's attention saved autocast's bfloat16 copies,

@@ -297,6 +297,10 @@ class BatchNormSkip(nn.Module):
             return y + t
         if k == "other_written_after":
             o.mul_(3)  # the fused op saves `other` for its backward
+        if k == "stats_written_after":
+            # the eval op's backward reads the statistics, which a training
+            # batch_norm on them then writes (fuzz seed 20261237 program 777)
+            F.batch_norm(x, self.bn.running_mean, self.bn.running_var, None, None, True, 0.3, 1e-5)
         return y
 
 
@@ -304,7 +308,7 @@ CONV_SKIPS = ["padding_same", "alpha_second", "scalar_other", "inplace_add", "re
               "intervening_write", "autocast", "grad_mode"]
 LINEAR_SKIPS = ["alpha_second", "scalar_other", "inplace_add", "add_reused", "intervening_write"]
 BN_SKIPS = ["no_running_stats", "alpha", "inplace_add", "stats_read_between", "tensor_divisor", "rounding_mode",
-            "zero_divisor", "sigmoid_of_other", "t_reused", "other_written_after"]
+            "zero_divisor", "sigmoid_of_other", "t_reused", "other_written_after", "stats_written_after"]
 SKIPS = ([("conv_relu_add", k, lambda k=k: ConvSkip(k), CONV_IN) for k in CONV_SKIPS]
          + [("linear_add_relu", k, lambda k=k: LinearSkip(k), LIN_IN) for k in LINEAR_SKIPS]
          + [("batch_norm_add_div_swish", k, lambda k=k: BatchNormSkip(k), BN_IN) for k in BN_SKIPS])
