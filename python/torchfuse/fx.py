@@ -765,6 +765,11 @@ class _Rewriter:
             if not _no_intervening_writes(lin_node, node, set(chain),
                                           [lin["input"], lin["weight"], lin["bias"], other]):
                 continue
+            # notWrittenAfter: the op saves its input for the backward, where
+            # aten::linear saves a copy of a non-contiguous input of more
+            # than two dimensions (matmul's reshape)
+            if any(_may_alias(wr, lin["input"]) for n in _after(lin_node) if n not in chain for wr in _writes(n)):
+                continue
             self.replace(node, chain, _ops.custom_linear_add_relu.default,
                          (lin["input"], lin["weight"], lin["bias"], other, alpha))
             count += 1

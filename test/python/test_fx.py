@@ -263,6 +263,10 @@ class LinearSkip(nn.Module):
             o.mul_(2)  # the add read o after this write, but the linear read x before
             x.add_(1)
             return torch.relu(y + o)
+        if k == "input_written_after":
+            r = torch.relu(y + o)
+            x.mul_(2)  # the fused op saves x for its backward
+            return r
         return torch.relu(y + o)
 
 
@@ -306,7 +310,8 @@ class BatchNormSkip(nn.Module):
 
 CONV_SKIPS = ["padding_same", "alpha_second", "scalar_other", "inplace_add", "relu_reused", "conv_reused",
               "intervening_write", "autocast", "grad_mode"]
-LINEAR_SKIPS = ["alpha_second", "scalar_other", "inplace_add", "add_reused", "intervening_write"]
+LINEAR_SKIPS = ["alpha_second", "scalar_other", "inplace_add", "add_reused", "intervening_write",
+                "input_written_after"]
 BN_SKIPS = ["no_running_stats", "alpha", "inplace_add", "stats_read_between", "tensor_divisor", "rounding_mode",
             "zero_divisor", "sigmoid_of_other", "t_reused", "other_written_after", "stats_written_after"]
 SKIPS = ([("conv_relu_add", k, lambda k=k: ConvSkip(k), CONV_IN) for k in CONV_SKIPS]
