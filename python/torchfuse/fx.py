@@ -314,13 +314,43 @@ def _root(v):
     return v
 
 
+def _attr_tensor(node: torch.fx.Node) -> Optional[torch.Tensor]:
+    """The tensor a get_attr node reads from the graph's module, if found."""
+    root = node.graph.owning_module
+    obj: Any = root
+    for part in str(node.target).split("."):
+        obj = getattr(obj, part, None)
+    return obj if root is not None and isinstance(obj, torch.Tensor) else None
+
+
+def _identity(v) -> Any:
+    """What aliasing compares: an attribute's tensor by its storage (two
+    attributes may hold one tensor: a buffer registered under a second
+    name, tied parameters), a module's own tensor (what a call_module node
+    writes) likewise, else the graph value v is a view of (_root)."""
+    if isinstance(v, torch.Tensor):
+        t = v
+    elif isinstance(v, torch.fx.Node):
+        r = _root(v)
+        t = _attr_tensor(r) if r.op == "get_attr" else None
+        if t is None:
+            return r
+    else:
+        return None
+    try:
+        return ("storage", t.untyped_storage().data_ptr())
+    except Exception:  # noqa: BLE001  (no storage: a fake or meta tensor)
+        return ("tensor", id(t))
+
+
 def _may_alias(a, b) -> bool:
-    """Whether a and b may share memory.  NB: as the TorchScript passes take
-    them: distinct graph inputs (placeholders) and attributes are distinct;
-    distinct fresh results are distinct."""
-    if not isinstance(a, torch.fx.Node) or not isinstance(b, torch.fx.Node):
-        return False
-    return _root(a) is _root(b)
+    """Whether a and b (graph values, or a module's tensors that a
+    call_module node writes) may share memory.  NB: as the TorchScript
+    passes take them: distinct graph inputs (placeholders) are distinct,
+    and so are distinct fresh results; attributes are compared by their
+    tensors' storage."""
+    ia, ib = _identity(a), _identity(b)
+    return ia is not None and ia == ib
 
 
 _INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
@@ -329,7 +359,9 @@ _INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itru
 
 
 def _writes(node: torch.fx.Node) -> List[Any]:
-    """The values node writes in place."""
+    """The values node writes in place (graph values; for a call_module
+    node in training mode also the module's buffers, which BatchNorm's
+    running statistics are)."""
     out = []
     if "out" in node.kwargs:
         out.append(node.kwargs["out"])
@@ -337,6 +369,13 @@ def _writes(node: torch.fx.Node) -> List[Any]:
         call = _normalize(node)
         if call is None or call.inplace:  # an unknown module may write its input
             out += [a for a in node.args if isinstance(a, torch.fx.Node)]
+        root = node.graph.owning_module
+        try:
+            mod = root.get_submodule(node.target) if root is not None else None
+        except AttributeError:
+            mod = None
+        if mod is not None and mod.training:
+            out += [b for b in mod.buffers() if b is not None]
     elif node.op == "call_method":
         name = node.target
         if name.endswith("_") and not name.startswith("_") and node.args:
@@ -360,7 +399,7 @@ def _writes(node: torch.fx.Node) -> List[Any]:
         # aten::batch_norm's schema does not say so.
         if call is not None and call.kind == "batch_norm" and call.args.get("training") is not False:
             out += [call.args.get("running_mean"), call.args.get("running_var")]
-    return [v for v in out if isinstance(v, torch.fx.Node)]
+    return [v for v in out if isinstance(v, (torch.fx.Node, torch.Tensor))]
 
 
 def _between(head: torch.fx.Node, tail: torch.fx.Node) -> List[torch.fx.Node]:

@@ -753,3 +753,47 @@ def test_measured_backend_chooses_between_graphs_that_compute_the_same(train):
     assert state["chosen_fused"] in (True, False) and state["calls"] == 27, state
     assert state["original_ms"] > 0 and state["fused_ms"] > 0, state
     assert state["fused"] == {k: v for k, v in compiled[0].items() if v}, state
+
+
+class EvalBatchNormSwishThenSharedStats(nn.Module):
+    """batch_norm (eval form) -> add -> div -> swish, then a BatchNorm
+    module training on statistics shared with the chain's (fuzz seed
+    20261238 program 137), or on its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("rm", torch.zeros(4))
+        self.register_buffer("rv", torch.ones(4))
+        self.p = nn.Parameter(torch.randn(4))
+        self.bn = nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        t = (F.batch_norm(x, self.rm, self.rv, None, self.p, False, 0.1, 1e-5) + self.p) / 0.25
+        return self.bn(torch.sigmoid(t) * t)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "own"])
+def test_symbolic_trace_module_writes_reach_shared_attributes(shared):
+    """In a symbolic trace the BatchNorm module's statistics update is not
+    in the graph: a training call_module writes the module's buffers, and
+    attributes alias by their tensors, so the chain stays where the module
+    writes the statistics it reads (notWrittenAfter) and is fused where it
+    does not."""
+    model, inputs = make(EvalBatchNormSwishThenSharedStats, ((6, 4),), train=True)
+    if shared:
+        model.bn.running_mean = model.rm  # one tensor under two names (after make's .to, which unties)
+    ref = copy.deepcopy(model)
+    gm = tfx.optimize(torch.fx.symbolic_trace(model))
+    assert tfx.report(gm)["batch_norm_add_div_swish"] == (0 if shared else 1)
+    for i in range(2):
+        xs = [x.clone().requires_grad_(True) for x in inputs]
+        xr = [x.clone().requires_grad_(True) for x in inputs]
+        torch.manual_seed(i)
+        gy = signed(6, 4)
+        gm(*xs).backward(gy)
+        ref(*xr).backward(gy)
+        torch.testing.assert_close(xs[0].grad, xr[0].grad)
+        torch.testing.assert_close(model.p.grad, ref.p.grad)
+        torch.testing.assert_close(model.bn.running_mean, ref.bn.running_mean)
+        model.zero_grad(set_to_none=True)
+        ref.zero_grad(set_to_none=True)
