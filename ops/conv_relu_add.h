@@ -96,13 +96,10 @@ ConvReluAddGrads convReluAddBackwardKernel(
     int64_t groups,
     std::array<bool, 4> output_mask,
     std::optional<int64_t> mask_order) {
-  if (const auto layouts = layoutsForMaskOrder(input, weight, mask_order)) {
-    return F(ConvReluAddBackwardArgs{
-        grad_output, mask, layouts->first, layouts->second, stride, padding, dilation, groups,
-        output_mask});
-  }
+  const auto layouts = layoutsForMaskOrder(input, weight, mask_order);
   return F(ConvReluAddBackwardArgs{
-      grad_output, mask, input, weight, stride, padding, dilation, groups, output_mask});
+      grad_output, mask, layouts ? layouts->first : input, layouts ? layouts->second : weight,
+      stride, padding, dilation, groups, output_mask});
 }
 
 // Registers one dispatch key's kernels: Op for custom_conv_relu_add, and

@@ -153,15 +153,22 @@ class _Attr:
     path: str
 
 
-def _module_call(node: torch.fx.Node, root) -> Optional[_Call]:
+def _target(node: torch.fx.Node) -> Any:
+    """What a get_attr or call_module node names in the graph's module (a
+    tensor, a submodule), or None where the graph has no module or it has
+    no such attribute."""
+    obj: Any = node.graph.owning_module
+    for part in str(node.target).split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+def _module_call(node: torch.fx.Node) -> Optional[_Call]:
     """call_module nodes of torch.fx.symbolic_trace: convolutions, linears,
     activations and adaptive average pools.  NB: not BatchNorm modules: their mode and
     num_batches_tracked update live in the module, not in the graph."""
-    if root is None or not node.args:
-        return None
-    try:
-        mod = root.get_submodule(node.target)
-    except AttributeError:
+    mod = _target(node)
+    if not isinstance(mod, nn.Module) or not node.args:
         return None
     x, t = node.args[0], node.target
     if type(mod) in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
@@ -214,7 +221,7 @@ def _aten_names(op) -> tuple:
 
 def _normalize(node: torch.fx.Node) -> Optional[_Call]:
     if node.op == "call_module":
-        return _module_call(node, node.graph.owning_module)
+        return _module_call(node)
     if node.op == "call_method":
         entry = _METHOD_TARGETS.get(node.target)
     elif node.op == "call_function" and node.target in _ATEN_TARGETS:
@@ -314,15 +321,6 @@ def _root(v):
     return v
 
 
-def _attr_tensor(node: torch.fx.Node) -> Optional[torch.Tensor]:
-    """The tensor a get_attr node reads from the graph's module, if found."""
-    root = node.graph.owning_module
-    obj: Any = root
-    for part in str(node.target).split("."):
-        obj = getattr(obj, part, None)
-    return obj if root is not None and isinstance(obj, torch.Tensor) else None
-
-
 def _identity(v) -> Any:
     """What aliasing compares: an attribute's tensor by its storage (two
     attributes may hold one tensor: a buffer registered under a second
@@ -332,8 +330,8 @@ def _identity(v) -> Any:
         t = v
     elif isinstance(v, torch.fx.Node):
         r = _root(v)
-        t = _attr_tensor(r) if r.op == "get_attr" else None
-        if t is None:
+        t = _target(r) if r.op == "get_attr" else None
+        if not isinstance(t, torch.Tensor):
             return r
     else:
         return None
@@ -369,12 +367,8 @@ def _writes(node: torch.fx.Node) -> List[Any]:
         call = _normalize(node)
         if call is None or call.inplace:  # an unknown module may write its input
             out += [a for a in node.args if isinstance(a, torch.fx.Node)]
-        root = node.graph.owning_module
-        try:
-            mod = root.get_submodule(node.target) if root is not None else None
-        except AttributeError:
-            mod = None
-        if mod is not None and mod.training:
+        mod = _target(node)
+        if isinstance(mod, nn.Module) and mod.training:
             out += [b for b in mod.buffers() if b is not None]
     elif node.op == "call_method":
         name = node.target
@@ -1117,13 +1111,10 @@ def optimize(gm: torch.fx.GraphModule, *, passes: Optional[Iterable[str]] = None
     return _optimize(gm, _selected(passes, "optimize"), {})
 
 
-def _optimize(gm: torch.fx.GraphModule, names: list, renamed: Dict[str, str]) -> torch.fx.GraphModule:
-    return _optimize_counting(gm, names, {}, renamed)
-
-
-def _optimize_counting(gm: torch.fx.GraphModule, names: list, counts: Dict[str, int],
-                       renamed: Optional[Dict[str, str]] = None) -> torch.fx.GraphModule:
-    """_optimize, with each pass's count of fused chains into ``counts``."""
+def _optimize(gm: torch.fx.GraphModule, names: list, renamed: Dict[str, str],
+              counts: Optional[Dict[str, int]] = None) -> torch.fx.GraphModule:
+    """The rewrite on a copy of gm's graph; each pass's count of fused
+    chains into ``counts`` where given."""
     graph = torch.fx.Graph(owning_module=None, tracer_cls=gm.graph._tracer_cls)
     out = graph.graph_copy(gm.graph, {})
     graph.output(out)
@@ -1131,7 +1122,9 @@ def _optimize_counting(gm: torch.fx.GraphModule, names: list, counts: Dict[str, 
     # NB: the new module first: it owns the graph, whose call_module nodes
     # the rewrite reads through it, and it shares gm's submodules.
     result = torch.fx.GraphModule(gm, graph, gm.__class__.__name__)
-    counts.update(_fuse(result.graph, names, {} if renamed is None else renamed))
+    fused = _fuse(result.graph, names, renamed)
+    if counts is not None:
+        counts.update(fused)
     result.recompile()
     return result
 
@@ -1285,7 +1278,7 @@ def make_backend(passes: Optional[Iterable[str]] = None, inner: Any = "inductor"
         # NB: the rewrite on a copy, compiled first: inner may rewrite the
         # graph it is given in place (Inductor's pre-grad passes).
         counts: Dict[str, int] = {}
-        fused = _optimize_counting(gm, selected, counts)
+        fused = _optimize(gm, selected, {}, counts)
         if not any(counts.values()):
             return compiler(gm, example_inputs)
         return _MeasuredGraph(compiler(fused, example_inputs), compiler(gm, example_inputs), counts)
