@@ -392,8 +392,9 @@ class ModelBench:
             torch._dynamo.reset()
             return torch.compile(model)
         if v == "torchfuse_compile":
-            # the torchfuse FX rewrite of Dynamo's graph, then Inductor as in
-            # the compile variant; the backend records what it fused
+            # the torchfuse FX rewrite of Dynamo's graph (the backend's
+            # passes for Inductor), then Inductor as in the compile variant;
+            # the wrapper records what the rewrite fused
             import torchfuse.fx
             from torch._inductor.compile_fx import compile_fx
 
@@ -406,7 +407,8 @@ class ModelBench:
                     self.compile_fused[name] = self.compile_fused.get(name, 0) + n
                 return compile_fx(gm, example_inputs)
 
-            return torch.compile(model, backend=torchfuse.fx.make_backend(inner=inductor))
+            return torch.compile(model, backend=torchfuse.fx.make_backend(
+                passes=torchfuse.fx.backend_passes("inductor"), inner=inductor))
         if v in ("torchfuse", "torchfuse_freeze"):
             import torchfuse
 

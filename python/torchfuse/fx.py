@@ -37,8 +37,8 @@ import torch.export
 import torch.fx
 import torch.nn as nn
 
-__all__ = ["fuse_graph", "optimize", "optimize_exported", "backend", "make_backend", "measured_choices", "report",
-           "pass_names"]
+__all__ = ["fuse_graph", "optimize", "optimize_exported", "backend", "make_backend", "backend_passes",
+           "measured_choices", "report", "pass_names"]
 
 _ops = torch.ops.torchfuse
 _aten = torch.ops.aten
@@ -1248,6 +1248,33 @@ def _on_cuda(gm: torch.fx.GraphModule, example_inputs) -> bool:
 
 _CHOICES = ("measured", "fused")
 
+# Backends that trace the graph through AOTAutograd, whose fake tensors run
+# a CompositeImplicitAutograd op as the ATen ops it is made of.
+_AOT_BACKENDS = ("inductor", "aot_eager", "aot_eager_decomp_partition", "cudagraphs")
+
+
+def _traced_through(name: str) -> bool:
+    """Whether every op of registry entry ``name`` is CompositeImplicitAutograd
+    (custom_conv_batch_norm_act): under a tracer it records the original's
+    ATen ops, so an AOTAutograd backend given the rewrite compiles the
+    original graph anyway, and the rewrite would only cost a second compile
+    (and a choice between two equal graphs)."""
+    (fusion,) = [f for f in _registry() if f["name"] == name]
+    return all(torch._C._dispatch_has_kernel_for_dispatch_key(op, "CompositeImplicitAutograd")
+               for op in fusion["ops"])
+
+
+def backend_passes(inner: Any = "inductor") -> list:
+    """The passes :func:`make_backend` runs when none are named: those on by
+    default, less, where ``inner`` names a backend that traces through
+    AOTAutograd (``"inductor"``, ``"aot_eager"``, ...), the fusions whose ops
+    trace as the original's ATen ops (``conv_batch_norm_act``), which that
+    backend would compile as the original anyway."""
+    selected = _selected(None, "backend_passes")
+    if isinstance(inner, str) and inner in _AOT_BACKENDS:
+        selected = [name for name in selected if not _traced_through(name)]
+    return selected
+
 
 def make_backend(passes: Optional[Iterable[str]] = None, inner: Any = "inductor",
                  choice: str = "measured") -> Callable:
@@ -1261,8 +1288,10 @@ def make_backend(passes: Optional[Iterable[str]] = None, inner: Any = "inductor"
     code (see :func:`measured_choices`; twice the compile time, and the
     first 27 calls run either); on the CPU, under deterministic algorithms
     (where the original is kept) or where nothing was fused, it compiles
-    once.  ``"fused"`` always keeps the rewrite."""
-    selected = _selected(passes, "make_backend")
+    once.  ``"fused"`` always keeps the rewrite.
+
+    ``passes`` left out: :func:`backend_passes` of ``inner``."""
+    selected = _selected(passes, "make_backend") if passes is not None else backend_passes(inner)
     if choice not in _CHOICES:
         raise ValueError(f"torchfuse.fx.make_backend: expected choice to be one of {list(_CHOICES)}, "
                          f"got {choice!r}")

@@ -563,20 +563,21 @@ def test_resnet18(path):
                       "relu": 1 + len(blocks)}, counts
 
 
+class ConvBn(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
+        self.c2, self.b2 = nn.Conv2d(4, 5, 1, bias=False), nn.BatchNorm2d(5)
+
+    def forward(self, x):
+        return self.b2(self.c2(torch.relu(self.b1(self.c1(x)))))
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_conv_batch_norm_act_in_eval(path):
     """conv -> batch_norm (eval) -> relu and conv -> batch_norm: the FX
     rewrite's conv_batch_norm_act; in training the chains stay (the
     training BatchNorm is not the op's eval form)."""
-    class ConvBn(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.c1, self.b1 = nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)
-            self.c2, self.b2 = nn.Conv2d(4, 5, 1, bias=False), nn.BatchNorm2d(5)
-
-        def forward(self, x):
-            return self.b2(self.c2(torch.relu(self.b1(self.c1(x)))))
-
     factory = ConvBn
     model, inputs = make(factory, ((2, 3, 6, 6),), train=False)
     counts = check_same(model, inputs, path, train=False)
@@ -683,6 +684,47 @@ def test_measured_backend_branches(monkeypatch):
     plain = torch.fx.symbolic_trace(nn.Sequential(nn.Linear(4, 4), nn.Tanh()))
     assert isinstance(tfx.make_backend(inner=inner)(plain, [torch.randn(2, 4)]), torch.fx.GraphModule)
     assert compiled == [0], compiled
+
+
+def test_aot_backend_leaves_out_fusions_it_traces_through(monkeypatch):
+    """custom_conv_batch_norm_act is CompositeImplicitAutograd: AOTAutograd
+    traces it as the original's ATen ops, so make_backend with an
+    AOTAutograd backend by name leaves it out by default and the graph
+    compiles once, unchanged.  A callable inner (it may run the graph as
+    it is) or passes named keep it, measured."""
+    compiled = []
+
+    def inner(gm, example_inputs):
+        compiled.append(tfx.report(gm)["conv_batch_norm_act"])
+        return gm
+
+    monkeypatch.setattr(tfx, "_on_cuda", lambda gm, example_inputs: True)
+    monkeypatch.setattr(torch._dynamo, "lookup_backend", lambda name: inner)
+    assert tfx._traced_through("conv_batch_norm_act") and not tfx._traced_through("conv_add_act")
+    assert tfx.backend_passes("inductor") == [n for n in tfx.backend_passes(inner) if n != "conv_batch_norm_act"]
+    model, inputs = make(ConvBn, ((2, 3, 6, 6),), train=False)
+    captured = []
+
+    def capture(gm, example_inputs):
+        captured.append((gm, example_inputs))
+        return gm
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(model, backend=capture, fullgraph=True)(*inputs)
+    ((gm, example_inputs),) = captured
+
+    def dynamo_graph():
+        return torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+
+    for name in tfx._AOT_BACKENDS:
+        got = tfx.make_backend(inner=name)(dynamo_graph(), example_inputs)
+        assert isinstance(got, torch.fx.GraphModule) and compiled == [0], (name, compiled)
+        compiled.clear()
+    for backend in (tfx.make_backend(inner=inner), tfx.make_backend(passes=["conv_batch_norm_act"], inner="inductor")):
+        got = backend(dynamo_graph(), example_inputs)
+        assert isinstance(got, tfx._MeasuredGraph) and compiled == [2, 0], compiled
+        compiled.clear()
 
 
 def test_backend_choice_is_checked():
