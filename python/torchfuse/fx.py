@@ -1184,11 +1184,13 @@ class _ChoiceState:
 
         self.choice = _C.MeasuredChoice()
         self.counts = {k: v for k, v in counts.items() if v}
+        self.blocks_ms: List[float] = []
 
     def report(self) -> Dict[str, Any]:
         medians = self.choice.medians
         return {"fused": self.counts, "calls": self.choice.calls, "chosen_fused": self.choice.decided,
-                "original_ms": medians[0] if medians else None, "fused_ms": medians[1] if medians else None}
+                "original_ms": medians[0] if medians else None, "fused_ms": medians[1] if medians else None,
+                "blocks_ms": list(self.blocks_ms)}
 
 
 class _MeasuredGraph:
@@ -1224,7 +1226,8 @@ class _MeasuredGraph:
             self._stamps.append(event)
         if resolve:
             self._stamps[-1].synchronize()
-            choice.resolve([a.elapsed_time(b) for a, b in zip(self._stamps, self._stamps[1:])])
+            self._state.blocks_ms = [a.elapsed_time(b) for a, b in zip(self._stamps, self._stamps[1:])]
+            choice.resolve(self._state.blocks_ms)
             self._chosen = self._fns[1] if choice.decided else self._fns[0]
             self._stamps, self._fns = [], None
             return self._chosen(*args)
@@ -1236,7 +1239,8 @@ def measured_choices() -> List[Dict[str, Any]]:
     first (the latest 64): the chains the rewrite fused (``fused``),
     ``calls`` until decided and, once decided, ``chosen_fused`` with the
     median block times in ms it was decided by (``original_ms``,
-    ``fused_ms``)."""
+    ``fused_ms``) and every block's time in the order they ran
+    (``blocks_ms``: rewrite, original, original, rewrite, ...)."""
     return [c.report() for c in _choices]
 
 

@@ -652,8 +652,10 @@ def test_measured_graph_alternates_then_keeps_the_faster(monkeypatch, fused_ms):
     want = list("OO" + "FOFO") + abba + ["F" if wins else "O"] * 4
     assert [r[0].upper() for r in ran] == want
     (state,) = tfx.measured_choices()[before:]
+    blocks = [pytest.approx(2 * fused_ms if b == "F" else 4.0) for b in "FOOFFOOFFO"]
     assert state == {"fused": {"gate_mul": 2}, "calls": 27, "chosen_fused": wins,
-                     "original_ms": pytest.approx(4.0), "fused_ms": pytest.approx(2 * fused_ms)}
+                     "original_ms": pytest.approx(4.0), "fused_ms": pytest.approx(2 * fused_ms),
+                     "blocks_ms": blocks}
     assert g._fns is None and g._stamps == []
 
 

@@ -1,0 +1,168 @@
+"""torch.compile with torchfuse.fx's rewrite against Inductor's own code,
+per model and per fusion kind (CNNs of bench/models.py, eval, CUDA):
+
+    python bench/compile_rewrite.py [--models mobilenet_v3_large,efficientnet_b0]
+        [--dtypes fp16,fp32] [--budget-s 300] [--output bench/results/compile-rewrite-<gpu>.json]
+
+Variants, each its own torch.compile of a copy of the model (default mode,
+PyTorch's default flags): `compile` (Inductor alone); `rewrite` (the
+backend's default passes for Inductor, the rewrite always kept,
+choice="fused"); `rewrite:<pass>` for each pass that fused a chain, alone;
+`measured` (the default backend, whose measured choice decides in its first
+27 calls, recorded with its block times).  Each variant is warmed with 30
+calls, its output compared with `compile`'s, then all are timed in
+alternating rounds (each round: `--calls` calls of each variant, each timed
+with CUDA events); a variant's time is the median of all its calls, and its
+ratio is `compile`'s median over its own (> 1: faster than Inductor)."""
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+CNNS = ["resnet50", "mobilenet_v3_large", "efficientnet_b0", "vgg16"]
+WARM_CALLS = 30  # past the measured choice's 27
+
+
+def compiled_variants(model, x):
+    """{variant: (callable, fused counts)}: Inductor alone, the rewrite, each
+    fused pass alone and the measured backend, each compiled and warmed."""
+    import torchfuse.fx
+    from torch._inductor.compile_fx import compile_fx
+
+    def build(passes, choice):
+        fused = {}
+
+        def inductor(gm, example_inputs):
+            for name, n in torchfuse.fx.report(gm).items():
+                fused[name] = fused.get(name, 0) + n
+            return compile_fx(gm, example_inputs)
+
+        backend = torchfuse.fx.make_backend(passes=passes, inner=inductor, choice=choice)
+        return backend, fused
+
+    def compile_and_warm(name, backend, fused):
+        t0 = time.perf_counter()
+        fn = torch.compile(copy.deepcopy(model), backend=backend) if backend else torch.compile(copy.deepcopy(model))
+        with torch.no_grad():
+            for _ in range(WARM_CALLS):
+                fn(x)
+        torch.cuda.synchronize()
+        print(f"  {name:28s} compiled and warmed in {time.perf_counter() - t0:5.1f} s, fused {fused}", flush=True)
+        return fn
+
+    # NB: one reset, before all: a reset between them would drop the earlier
+    # variants' graphs, to be compiled again (and chosen again) when timed.
+    # Each variant compiles its own copy of the model, one cache entry each.
+    torch._dynamo.reset()
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 16)
+    out = {"compile": (compile_and_warm("compile", None, {}), {})}
+    backend, fused = build(torchfuse.fx.backend_passes("inductor"), "fused")
+    out["rewrite"] = (compile_and_warm("rewrite", backend, fused), fused)
+    for name in [k for k, n in fused.items() if n]:
+        b, f = build([name], "fused")
+        out[f"rewrite:{name}"] = (compile_and_warm(f"rewrite:{name}", b, f), f)
+    before = len(torchfuse.fx.measured_choices())
+    b, f = build(torchfuse.fx.backend_passes("inductor"), "measured")
+    out["measured"] = (compile_and_warm("measured", b, f), f)
+    return out, torchfuse.fx.measured_choices()[before:]
+
+
+def measure(name: str, dtype_name: str, rounds: int, calls: int) -> dict:
+    import models
+
+    spec = models.specs(False)[name]
+    dt = DTYPES[dtype_name]
+    torch.manual_seed(0)
+    model = spec.build().eval().cuda().to(dt)
+    x = torch.randn(*spec.input_shape, device="cuda", dtype=dt)
+    variants, choices = compiled_variants(model, x)
+    with torch.no_grad():
+        want = variants["compile"][0](x).float()
+        diffs = {v: (fn(x).float() - want).abs().max().item() / max(want.abs().max().item(), 1e-30)
+                 for v, (fn, _) in variants.items()}
+        times = {v: [] for v in variants}
+        for _ in range(rounds):
+            for v, (fn, _) in variants.items():
+                for _ in range(calls):
+                    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    s.record()
+                    fn(x)
+                    e.record()
+                    e.synchronize()
+                    times[v].append(s.elapsed_time(e))
+    med = {v: statistics.median(t) for v, t in times.items()}
+    return {"model": name, "dtype": dtype_name, "input": list(spec.input_shape), "median_ms": med,
+            "speedup_vs_compile": {v: med["compile"] / t for v, t in med.items()},
+            "fused": {v: {k: n for k, n in f.items() if n} for v, (_, f) in variants.items()},
+            "rel_diff_vs_compile": diffs, "measured_choices": choices, "calls_timed": len(times["compile"])}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="mobilenet_v3_large,efficientnet_b0,resnet50")
+    ap.add_argument("--dtypes", default="fp16,fp32")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--calls", type=int, default=5, help="calls of each variant per round")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="start no model after this many seconds (each takes about 2 minutes)")
+    ap.add_argument("--output", default=None, help="results JSON (default: print only)")
+    ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
+    args = ap.parse_args(argv)
+    names = args.models.split(",")
+    dtypes = args.dtypes.split(",")
+    bad = [n for n in names if n not in CNNS] + [d for d in dtypes if d not in DTYPES]
+    if bad:
+        print(f"compile_rewrite: unknown model or dtype {bad}; expected models of {CNNS} and dtypes of "
+              f"{list(DTYPES)}", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("compile_rewrite: needs a CUDA device; torch.cuda.is_available() is False", file=sys.stderr)
+        return 2
+    commit = args.commit or subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True,
+                                           text=True).stdout.strip()
+    out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit,
+           "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M"),
+           "command": "python bench/compile_rewrite.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "rows": [], "not_run": []}
+    rows, skipped = out["rows"], out["not_run"]
+
+    def save():  # after each row, so that a run cut short keeps what it measured
+        if args.output:
+            with open(args.output, "w") as f:
+                json.dump(out, f, indent=1)
+
+    t0 = time.perf_counter()
+    for name in names:
+        for dt in dtypes:
+            if args.budget_s is not None and time.perf_counter() - t0 > args.budget_s:
+                skipped.append(f"{name}/{dt}")
+                continue
+            print(f"{name} eval {dt}", flush=True)
+            r = measure(name, dt, args.rounds, args.calls)
+            rows.append(r)
+            for v, ms in r["median_ms"].items():
+                print(f"  {v:28s} {ms:7.3f} ms  {r['speedup_vs_compile'][v]:5.3f}x compile  "
+                      f"rel diff {r['rel_diff_vs_compile'][v]:.1e}", flush=True)
+            for c in r["measured_choices"]:
+                print(f"  measured choice: fused {c['chosen_fused']}, blocks {[round(b, 2) for b in c['blocks_ms']]}",
+                      flush=True)
+            save()
+    if skipped:
+        print(f"compile_rewrite: budget spent, not run: {skipped}", flush=True)
+    save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""bench/compile_rewrite.py: it refuses bad arguments and a machine without
+CUDA, with the reason; on CUDA a small model's variants are compiled, each
+with what it fused, and the measured backend's choice is recorded."""
+
+import importlib.util
+import os
+
+import pytest
+import torch
+import torch.nn as nn
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("bench_compile_rewrite",
+                                                  os.path.join(ROOT, "bench", "compile_rewrite.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_refuses_unknown_models_and_dtypes(capsys, tmp_path):
+    out = tmp_path / "r.json"
+    assert load().main(["--models", "resnet50,bert", "--dtypes", "fp8", "--output", str(out)]) == 2
+    assert "unknown model or dtype ['bert', 'fp8']" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch sees no CUDA device")
+def test_refuses_without_cuda(capsys, tmp_path):
+    out = tmp_path / "r.json"
+    assert load().main(["--output", str(out)]) == 2
+    assert "needs a CUDA device" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: torch.cuda.is_available() is False")
+def test_variants_of_a_small_model_on_cuda():
+    import torchfuse  # noqa: F401
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 1), nn.Hardswish()).cuda().eval()
+    x = torch.randn(2, 3, 16, 16, device="cuda")
+    old = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        variants, choices = load().compiled_variants(model, x)
+        assert set(variants) == {"compile", "rewrite", "rewrite:conv_add_act", "measured"}, set(variants)
+        fused = variants["rewrite"][1]["conv_add_act"]
+        assert fused >= 1 and variants["rewrite:conv_add_act"][1]["conv_add_act"] == fused, variants
+        with torch.no_grad():
+            for name, (fn, _) in variants.items():
+                torch.testing.assert_close(fn(x), model(x), rtol=1e-4, atol=1e-4, msg=name)
+    finally:
+        torch.backends.cudnn.allow_tf32 = old
+    (choice,) = choices
+    assert choice["calls"] == 27 and choice["chosen_fused"] in (True, False) and len(choice["blocks_ms"]) == 10
