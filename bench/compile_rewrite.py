@@ -108,6 +108,61 @@ def measure(name: str, dtype_name: str, rounds: int, calls: int) -> dict:
             "rel_diff_vs_compile": diffs, "measured_choices": choices, "calls_timed": len(times["compile"])}
 
 
+# ----------------------------------------------------------------- report ----
+
+def markdown_section(data: dict, png_rel=None, level: int = 2) -> str:
+    """bench/report.py's section of a results JSON of this script."""
+    h = "#" * level
+    out = [f"{h} torch.compile: the FX rewrite against Inductor's own code ({data['gpu']})", "",
+           f"- torch {data['torch']}; commit `{data['commit']}`, {data['date']}",
+           f"- Produced by `{data['command']}`",
+           "- Eval, the model's dtype; each variant its own torch.compile of a copy of the model (default mode, "
+           "PyTorch's default flags), warmed with 30 calls, then all timed in alternating rounds, each call with "
+           "CUDA events; median ms of all its calls. *× compile*: Inductor alone's median over the variant's "
+           "(> 1: faster). *rewrite*: the backend's default passes for Inductor at that commit, always kept; "
+           "*rewrite:<pass>*: that pass alone; *measured*: the default backend, which keeps the rewrite only "
+           "where its first 27 calls measured it faster.", "",
+           "| Model | dtype | variant | fused | ms | × compile |", "|---|---|---|---|---|---|"]
+    for r in data["rows"]:
+        for v, ms in r["median_ms"].items():
+            fused = ", ".join(f"{k} {n}" for k, n in sorted(r["fused"][v].items())) or "–"
+            out.append(f"| {r['model']} | {r['dtype']} | {v} | {fused} | {ms:.3f} | "
+                       f"{r['speedup_vs_compile'][v]:.3f}× |")
+    choices = [(r, c) for r in data["rows"] for c in r["measured_choices"]]
+    if choices:
+        out += ["", "The measured variant's choice, and its block times in ms (2 calls each; rewrite, original, "
+                "original, rewrite, ...):", "", "| Model | dtype | kept the rewrite | blocks |", "|---|---|---|---|"]
+        for r, c in choices:
+            out.append(f"| {r['model']} | {r['dtype']} | {c['chosen_fused']} | "
+                       f"{', '.join(f'{b:.2f}' for b in c['blocks_ms'])} |")
+    if data.get("not_run"):
+        out += ["", f"Not run (budget): {', '.join(data['not_run'])}."]
+    if png_rel:
+        out += ["", f"![torch.compile with the FX rewrite against Inductor]({png_rel})"]
+    return "\n".join(out) + "\n"
+
+
+def chart(data: dict, png: str) -> bool:
+    from report import pyplot, save_chart
+
+    plt = pyplot("compile_rewrite")
+    if plt is None or not data.get("rows"):
+        return False
+    labels = [f"{r['model']}\n{r['dtype']}" for r in data["rows"]]
+    variants = list(dict.fromkeys(v for r in data["rows"] for v in r["median_ms"]))
+    fig, ax = plt.subplots(figsize=(max(6, 2.5 * len(labels)), 4.2))
+    width = 0.8 / len(variants)
+    for k, v in enumerate(variants):
+        xs = [i + (k - (len(variants) - 1) / 2) * width for i in range(len(labels))]
+        ax.bar(xs, [r["speedup_vs_compile"].get(v, 0.0) for r in data["rows"]], width, label=v, color=f"C{k}")
+    ax.axhline(1.0, color="k", linewidth=0.8)
+    ax.set_xticks(range(len(labels)))
+    ax.set_xticklabels(labels)
+    ax.set_ylabel("× torch.compile (> 1: faster)")
+    return save_chart(fig, ax, f"torch.compile with torchfuse.fx's rewrite, {data['gpu']}, torch {data['torch']}",
+                      data, png)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="mobilenet_v3_large,efficientnet_b0,resnet50")

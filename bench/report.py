@@ -9,6 +9,8 @@ bar chart of torchfuse's speedups (docs/performance.png).
                               # with the model zoo's section (bench/models.py)
     python bench/report.py RESULTS.json --ddp bench/results/ddp-GPU.json
                               # with the DDP section (bench/ddp.py)
+    python bench/report.py RESULTS.json --compile-rewrite bench/results/compile-rewrite-GPU.json
+                              # with the section of bench/compile_rewrite.py
 
 Without a path it takes the newest JSON under bench/results/.
 """
@@ -440,11 +442,15 @@ def main(argv=None) -> int:
     ap.add_argument("--ddp", default=None, metavar="JSON",
                     help="a bench/ddp.py results JSON: its section and chart (the --png path with -ddp before "
                          ".png) are added to the page")
+    ap.add_argument("--compile-rewrite", default=None, metavar="JSON",
+                    help="a bench/compile_rewrite.py results JSON: its section and chart (the --png path with "
+                         "-compile-rewrite before .png) are added to the page")
     a = ap.parse_args(argv)
     path = a.json
     if not path:
         found = sorted((p for p in glob.glob(os.path.join(ROOT, "bench", "results", "*.json"))
-                        if not os.path.basename(p).startswith(("models-", "ddp-"))), key=os.path.getmtime)
+                        if not os.path.basename(p).startswith(("models-", "ddp-", "batch-norm-shapes-",
+                                                               "compile-rewrite-"))), key=os.path.getmtime)
         if not found:
             print("report: no results JSON given and none under bench/results/", file=sys.stderr)
             return 2
@@ -465,6 +471,8 @@ def main(argv=None) -> int:
                 for i, r in enumerate(a.models)]
     if a.ddp:
         sections.append(("ddp", a.ddp, base + "-ddp.png"))
+    if a.compile_rewrite:
+        sections.append(("compile_rewrite", a.compile_rewrite, base + "-compile-rewrite.png"))
     for module, results, spng in sections:
         md += "\n" + section(module, results, spng, a.md, written)
     os.makedirs(os.path.dirname(os.path.abspath(a.md)), exist_ok=True)

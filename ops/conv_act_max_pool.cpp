@@ -18,7 +18,8 @@ TORCH_LIBRARY_FRAGMENT(torchfuse, m) {
       "custom_conv_act_max_pool(Tensor input, Tensor weight, Tensor? bias, int[] stride, "
       "int[] padding, int[] dilation, int groups, str activation, float[] activation_args, "
       "int[] kernel_size, int[] pool_stride, int[] pool_padding, int[] pool_dilation, "
-      "bool ceil_mode) -> Tensor");
+      "bool ceil_mode) -> Tensor",
+      {at::Tag::flexible_layout});
 }
 
 namespace torchfuse {

@@ -29,7 +29,8 @@ TORCH_LIBRARY_FRAGMENT(torchfuse, m) {
   m.def(
       "custom_conv_add_act(Tensor input, Tensor weight, Tensor? bias, int[] stride, "
       "int[] padding, int[] dilation, int groups, Tensor? other, Scalar alpha, bool promote, "
-      "str activation, float[] activation_args) -> Tensor");
+      "str activation, float[] activation_args) -> Tensor",
+      {at::Tag::flexible_layout});
 }
 
 namespace torchfuse {

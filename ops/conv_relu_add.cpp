@@ -25,7 +25,8 @@ TORCH_LIBRARY_FRAGMENT(torchfuse, m) {
   m.def(
       "custom_conv_relu_add(Tensor input, Tensor weight, Tensor? bias, "
       "int[] stride, int[] padding, int[] dilation, int groups, Tensor other, "
-      "Scalar alpha=1) -> Tensor");
+      "Scalar alpha=1) -> Tensor",
+      {at::Tag::flexible_layout});
   m.def(
       "custom_conv_relu_add_forward(Tensor input, Tensor weight, Tensor? bias, "
       "int[] stride, int[] padding, int[] dilation, int groups, Tensor other, "

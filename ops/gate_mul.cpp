@@ -21,7 +21,8 @@
 TORCH_LIBRARY_FRAGMENT(torchfuse, m) {
   m.def(
       "custom_gate_mul(Tensor input, Tensor gate, str activation, bool gate_first=False) -> "
-      "Tensor");
+      "Tensor",
+      {at::Tag::flexible_layout});
 }
 
 namespace torchfuse {

@@ -57,3 +57,18 @@ def test_variants_of_a_small_model_on_cuda():
         torch.backends.cudnn.allow_tf32 = old
     (choice,) = choices
     assert choice["calls"] == 27 and choice["chosen_fused"] in (True, False) and len(choice["blocks_ms"]) == 10
+
+
+def test_report_section_of_a_results_file(tmp_path):
+    """bench/report.py's section: a row per variant with its ratio to
+    Inductor alone, and the measured choice's blocks."""
+    mod = load()
+    data = {"gpu": "G", "torch": "2.11.0", "commit": "abc1234", "date": "2026-11-29T00:00", "command": "c",
+            "not_run": ["resnet50/fp32"],
+            "rows": [{"model": "m", "dtype": "fp16", "median_ms": {"compile": 2.0, "rewrite": 4.0},
+                      "speedup_vs_compile": {"compile": 1.0, "rewrite": 0.5},
+                      "fused": {"compile": {}, "rewrite": {"conv_add_act": 3}},
+                      "measured_choices": [{"chosen_fused": False, "blocks_ms": [1.0, 2.0]}]}]}
+    text = mod.markdown_section(data)
+    assert "| m | fp16 | rewrite | conv_add_act 3 | 4.000 | 0.500× |" in text
+    assert "| m | fp16 | False | 1.00, 2.00 |" in text and "Not run (budget): resnet50/fp32." in text

@@ -457,6 +457,33 @@ def train_through_inductor(factory, shapes, dynamic=False):
     return model, compiled, seen
 
 
+def test_inductor_hands_the_conv_ops_its_channels_last_activations():
+    """The convolution ops are tagged flexible_layout: in a graph whose
+    layout Inductor optimizes (channels-last on the CPU where convolutions
+    remain), custom_conv_add_act takes the channels-last activation as it
+    is and returns channels-last (the output strides its generated code
+    asserts), where the default for custom ops would copy to the traced
+    NCHW strides and back; the output is eager's."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    for op in ("custom_conv_add_act", "custom_conv_relu_add", "custom_conv_act_max_pool", "custom_gate_mul"):
+        assert torch._C.Tag.flexible_layout in getattr(torch.ops.torchfuse, op).default.tags, op
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.Tanh(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(16, 8, 1), nn.Tanh()).eval()
+    x = torch.randn(2, 3, 8, 8)
+    torch._dynamo.reset()
+    fn = torch.compile(model, backend=tfx.make_backend(passes=["conv_add_act"], inner="inductor", choice="fused"))
+    with torch.no_grad():
+        got, (code,) = run_and_get_code(fn, x)
+        torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
+    strides = re.findall(r"assert_size_stride\(\w+, \(2, 16, 8, 8\), \(([\d, ]+)\), "
+                         r"'torch.ops.torchfuse.custom_conv_add_act.default'\)", code)
+    assert strides == ["1024, 1, 128, 16"], strides
+
+
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 def test_inductor_backend_trains_and_infers_as_eager(dynamic):
     """torch.compile(backend=torchfuse.fx.backend): the rewrite, then
@@ -703,7 +730,7 @@ def test_aot_backend_leaves_out_fusions_it_traces_through(monkeypatch):
     monkeypatch.setattr(tfx, "_on_cuda", lambda gm, example_inputs: True)
     monkeypatch.setattr(torch._dynamo, "lookup_backend", lambda name: inner)
     assert tfx._traced_through("conv_batch_norm_act") and not tfx._traced_through("conv_add_act")
-    assert tfx.backend_passes("inductor") == [n for n in tfx.backend_passes(inner) if n != "conv_batch_norm_act"]
+    assert tfx.backend_passes("aot_eager") == [n for n in tfx.backend_passes(inner) if n != "conv_batch_norm_act"]
     model, inputs = make(ConvBn, ((2, 3, 6, 6),), train=False)
     captured = []
 
@@ -727,6 +754,21 @@ def test_aot_backend_leaves_out_fusions_it_traces_through(monkeypatch):
         got = backend(dynamo_graph(), example_inputs)
         assert isinstance(got, tfx._MeasuredGraph) and compiled == [2, 0], compiled
         compiled.clear()
+
+
+def test_inductor_backend_leaves_out_chains_inductor_fuses_itself():
+    """For Inductor, the chains of pointwise ops and normalizations (which it
+    fuses itself) are left out by default; those that start at a
+    convolution or a matmul stay, and every pass can still be named."""
+    def inner(gm, example_inputs):
+        return gm
+
+    got = tfx.backend_passes("inductor")
+    assert got == [n for n in tfx.backend_passes("aot_eager")
+                   if n not in ("gate_mul", "add_layer_norm", "batch_norm_add_div_swish")], got
+    assert {"conv_relu_add", "conv_add_act", "conv_act_max_pool", "linear_add_relu", "linear_act"} <= set(got)
+    assert "gate_mul" in tfx.backend_passes(inner) and "add_layer_norm" in tfx.backend_passes(inner)
+    assert tfx._INDUCTOR_GENERATED <= set(tfx.pass_names())
 
 
 def test_backend_choice_is_checked():
