@@ -28,6 +28,8 @@ work on TorchScript IR and AliasDb, so they cannot serve FX graphs).
 """
 
 import dataclasses
+import functools
+import inspect
 import operator
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
@@ -356,6 +358,34 @@ _INPLACE_OPERATORS = {operator.iadd, operator.isub, operator.imul, operator.itru
                       operator.ilshift, operator.irshift, operator.imatmul, operator.setitem}
 
 
+@functools.lru_cache(maxsize=None)
+def _signature(fn) -> Optional[inspect.Signature]:
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):  # a builtin without one
+        return None
+
+
+def _writes_by_flag(node: torch.fx.Node) -> bool:
+    """Whether a torch function call passes its ``inplace`` parameter True,
+    by keyword or by position (Dynamo inlines nn.Hardswish, nn.Hardtanh,
+    nn.LeakyReLU, ... as F.hardswish(x, True)); a call that cannot be bound
+    to its signature is taken to write."""
+    if node.kwargs.get("inplace") is True:
+        return True
+    try:
+        sig = _signature(node.target) if callable(node.target) else None
+    except TypeError:  # an unhashable target
+        sig = None
+    if sig is None or "inplace" not in sig.parameters:
+        return False
+    try:
+        bound = sig.bind(*node.args, **node.kwargs)
+    except TypeError:
+        return True
+    return bound.arguments.get("inplace", False) is not False
+
+
 def _writes(node: torch.fx.Node) -> List[Any]:
     """The values node writes in place (graph values; for a call_module
     node in training mode also the module's buffers, which BatchNorm's
@@ -382,7 +412,7 @@ def _writes(node: torch.fx.Node) -> List[Any]:
             for i, a in enumerate(t._schema.arguments):
                 if a.alias_info is not None and a.alias_info.is_write:
                     out.append(node.args[i] if i < len(node.args) else node.kwargs.get(a.name))
-        elif node.kwargs.get("inplace") is True and node.args:
+        elif node.args and _writes_by_flag(node):
             out.append(node.args[0])
         else:
             name = getattr(t, "__name__", "")

@@ -345,6 +345,48 @@ def test_in_place_relu_of_a_graph_input_stays(path):
     assert counts["relu"] == 0
 
 
+class ConvThenWriteItsInput(nn.Module):
+    """conv -> relu, with an activation module between them writing the
+    conv's input in place (Dynamo inlines the module as F.hardswish(x,
+    True): the flag by position)."""
+
+    def __init__(self, act):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.act = act
+
+    def forward(self, x):
+        y = self.conv(x)
+        self.act(x)
+        return torch.relu(y)
+
+
+@pytest.mark.parametrize("inplace", [True, False], ids=["in-place", "out-of-place"])
+@pytest.mark.parametrize("act", ["Hardsigmoid", "Hardswish", "ReLU6", "LeakyReLU", "Hardtanh", "ReLU", "SiLU"])
+def test_write_by_a_positional_inplace_flag_leaves_the_chain(act, inplace):
+    """_writes_by_flag: an activation whose inplace flag is True, passed by
+    position, writes its input, so a conv chain whose input it writes
+    between the conv and the chain's end stays; out of place, the chain
+    fuses.  Fused in place, the conv would read the written input."""
+    torch.manual_seed(0)
+    module = getattr(nn, act)(inplace=inplace)
+    model = ConvThenWriteItsInput(module).eval()
+    x = torch.randn(2, 3, 6, 6)
+    want = model(x.clone())
+    counts = []
+
+    def inner(gm, example_inputs):
+        counts.append(tfx.report(gm)["conv_add_act"])
+        return gm
+
+    torch._dynamo.reset()
+    fn = torch.compile(model, backend=tfx.make_backend(passes=["conv_add_act"], inner=inner, choice="fused"))
+    with torch.no_grad():
+        got = fn(x.clone())
+    torch.testing.assert_close(got, want)
+    assert counts == [0 if inplace else 1], counts
+
+
 class ConvActAdd(nn.Module):
     def __init__(self, act):
         super().__init__()
