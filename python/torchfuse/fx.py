@@ -98,6 +98,15 @@ _TORCH_TARGETS.update({
     operator.imul: ("mul", True, ["input", "other"], {}),
     _F.silu: ("silu", None, ["input", "inplace"], dict(inplace=False)),
     _F.hardsigmoid: ("hardsigmoid", None, ["input", "inplace"], dict(inplace=False)),
+    _F.hardswish: ("hardswish", None, ["input", "inplace"], dict(inplace=False)),
+    _F.relu6: ("relu6", None, ["input", "inplace"], dict(inplace=False)),
+    _F.hardtanh: ("hardtanh", None, ["input", "min_val", "max_val", "inplace"],
+                  dict(min_val=-1.0, max_val=1.0, inplace=False)),
+    _F.hardtanh_: ("hardtanh", True, ["input", "min_val", "max_val"], dict(min_val=-1.0, max_val=1.0)),
+    _F.gelu: ("gelu", False, ["input", "approximate"], dict(approximate="none")),
+    _F.leaky_relu: ("leaky_relu", None, ["input", "negative_slope", "inplace"],
+                    dict(negative_slope=0.01, inplace=False)),
+    _F.leaky_relu_: ("leaky_relu", True, ["input", "negative_slope"], dict(negative_slope=0.01)),
     _F.adaptive_avg_pool2d: ("adaptive_avg_pool", False, ["input", "output_size"], {}),
     torch._C._nn.adaptive_avg_pool2d: ("adaptive_avg_pool", False, ["input", "output_size"], {}),
     torch.mean: ("mean", False, ["input", "dim", "keepdim", "dtype"], dict(keepdim=False, dtype=None)),
@@ -106,6 +115,10 @@ _TORCH_TARGETS.update({
     _F.layer_norm: ("layer_norm", False, _LN, _LN_DEFAULTS),
     torch.layer_norm: ("layer_norm", False, _LN + ["cudnn_enable"], dict(_LN_DEFAULTS, cudnn_enable=True)),
 })
+# The fusable activations (isFusableActivation): the arguments the op takes
+# from the call's, in the op's order (relu6 and gelu: see _activation).
+_ACTIVATION_ARGS = {"relu": (), "relu6": (), "hardtanh": ("min_val", "max_val"), "silu": (), "hardswish": (),
+                    "hardsigmoid": (), "sigmoid": (), "gelu": (), "leaky_relu": ("negative_slope",)}
 _METHOD_TARGETS = {
     "relu": ("relu", False, ["input"], {}),
     "relu_": ("relu", True, ["input"], {}),
@@ -140,6 +153,17 @@ _ATEN_TARGETS = {
     _aten.silu.default: ("silu", False),
     _aten.silu_.default: ("silu", True),
     _aten.hardsigmoid.default: ("hardsigmoid", False),
+    _aten.hardsigmoid_.default: ("hardsigmoid", True),
+    _aten.hardswish.default: ("hardswish", False),
+    _aten.hardswish_.default: ("hardswish", True),
+    _aten.relu6.default: ("relu6", False),
+    _aten.relu6_.default: ("relu6", True),
+    _aten.hardtanh.default: ("hardtanh", False),
+    _aten.hardtanh_.default: ("hardtanh", True),
+    _aten.gelu.default: ("gelu", False),
+    _aten.gelu_.default: ("gelu", True),
+    _aten.leaky_relu.default: ("leaky_relu", False),
+    _aten.leaky_relu_.default: ("leaky_relu", True),
     _aten.adaptive_avg_pool2d.default: ("adaptive_avg_pool", False),
     _aten.mean.dim: ("mean", False),
     _aten.max_pool2d.default: ("max_pool", False),
@@ -190,6 +214,14 @@ def _module_call(node: torch.fx.Node) -> Optional[_Call]:
         return _Call("sigmoid", False, dict(input=x))
     if type(mod) is nn.Hardsigmoid:
         return _Call("hardsigmoid", mod.inplace, dict(input=x))
+    if type(mod) is nn.Hardswish:
+        return _Call("hardswish", mod.inplace, dict(input=x))
+    if type(mod) in (nn.Hardtanh, nn.ReLU6):
+        return _Call("hardtanh", mod.inplace, dict(input=x, min_val=mod.min_val, max_val=mod.max_val))
+    if type(mod) is nn.GELU:
+        return _Call("gelu", False, dict(input=x, approximate=mod.approximate))
+    if type(mod) is nn.LeakyReLU:
+        return _Call("leaky_relu", mod.inplace, dict(input=x, negative_slope=mod.negative_slope))
     if type(mod) is nn.AdaptiveAvgPool2d:
         return _Call("adaptive_avg_pool", False, dict(input=x, output_size=mod.output_size))
     if type(mod) is nn.LayerNorm:
@@ -594,19 +626,20 @@ class _Rewriter:
                     continue
                 self.replace(node, chain, _ops.custom_conv_add_act.default,
                              (conv["input"], conv["weight"], conv["bias"], conv["stride"], conv["padding"],
-                              conv["dilation"], conv["groups"], other, alpha, promote, act, []))
+                              conv["dilation"], conv["groups"], other, alpha, promote, act[0], act[1]))
                 count += 1
         return count
 
     def conv_batch_norm_act(self) -> int:
-        """conv -> batch_norm -> [relu | silu | sigmoid] (FuseConvBatchNormAct):
+        """conv -> batch_norm -> [activation] (FuseConvBatchNormAct):
         a batch_norm whose training is a bool other than True
         (notTrainingConstant), with running statistics and number momentum
         and eps; longest form first."""
         count = 0
         for with_act in (True, False):
             for node in list(self.graph.nodes):
-                act, bn_node = (self._activation(node) or (None, None)) if with_act else ("none", node)
+                act, bn_node, act_args = (self._activation(node) or (None, None, None)) if with_act \
+                    else ("none", node, [])
                 if act is None or not isinstance(bn_node, torch.fx.Node):
                     continue
                 if with_act and not _single_use(bn_node, node):
@@ -637,20 +670,22 @@ class _Rewriter:
                              (conv["input"], conv["weight"], conv["bias"], conv["stride"], conv["padding"],
                               conv["dilation"], conv["groups"], a.get("weight"), a.get("bias"), a["running_mean"],
                               a["running_var"], False, float(momentum) if _is_number(momentum) else 0.0,
-                              float(a["eps"]), True, act, []))
+                              float(a["eps"]), True, act, act_args))
                 count += 1
         return count
 
     def conv_act_max_pool(self) -> int:
-        """conv -> [relu | silu | sigmoid] -> max_pool2d (isMaxPool2d: int
+        """conv -> [activation] -> max_pool2d (isMaxPool2d: int
         lists, no indices); runs before conv_add_act (the registry's order)."""
         count = 0
         for node in list(self.graph.nodes):
             pool = self.call(node, "max_pool")
-            if pool is None or pool.args.get("return_indices") is not False:
+            # NB: aten::max_pool2d and torch.max_pool2d have no return_indices
+            if pool is None or pool.args.get("return_indices", False) is not False:
                 continue
             a = pool.args
-            stride = [] if a.get("stride") is None else _int_list(a["stride"])
+            # NB: no stride, or aten's default [], is the kernel size
+            stride = [] if a.get("stride") in (None, []) else _int_list(a["stride"])
             lists = [_int_list(a.get(k)) for k in ("kernel_size", "padding", "dilation")]
             x = a.get("input")
             if stride is None or any(v is None for v in lists) or not isinstance(a.get("ceil_mode"), bool):
@@ -672,20 +707,37 @@ class _Rewriter:
             k, p, d = lists
             self.replace(node, chain, _ops.custom_conv_act_max_pool.default,
                          (conv["input"], conv["weight"], conv["bias"], conv["stride"], conv["padding"],
-                          conv["dilation"], conv["groups"], act[0] if act else "none", [], k, stride, p, d,
+                          conv["dilation"], conv["groups"], act[0] if act else "none", act[2] if act else [],
+                          k, stride, p, d,
                           a["ceil_mode"]))
             count += 1
         return count
 
     def _activation(self, node):
-        """(the activation's name, its input): the name ends in '_' for an
-        in-place spelling, whose result keeps its input's strides where
-        their layout is ambiguous (activationSpec)."""
-        for kind in ("relu", "silu", "sigmoid"):
-            c = self.call(node, kind)
-            if c is not None:
-                return kind + "_" if c.inplace else kind, c.args["input"]
-        return None
+        """(the op's activation, its input, its arguments) of the fusable
+        activations (isFusableActivation, activationSpec): relu, relu6 and
+        hardtanh (hardtanh's bounds), silu, hardswish, hardsigmoid, sigmoid,
+        gelu (exact) and gelu_tanh, leaky_relu (its slope), the arguments
+        numbers.  The name ends in '_' for an in-place spelling, whose
+        result keeps its input's strides where their layout is ambiguous."""
+        if not isinstance(node, torch.fx.Node) or node in self.autocast:
+            return None
+        c = _normalize(node)
+        if c is None or c.kind not in _ACTIVATION_ARGS:
+            return None
+        a, name = c.args, c.kind
+        if c.kind == "relu6":
+            name, args = "hardtanh", [0.0, 6.0]
+        elif c.kind == "gelu":
+            if a.get("approximate") not in ("none", "tanh"):
+                return None
+            name, args = ("gelu" if a["approximate"] == "none" else "gelu_tanh"), []
+        else:
+            args = [a.get(k) for k in _ACTIVATION_ARGS[c.kind]]
+            if not all(_is_number(v) for v in args):
+                return None
+            args = [float(v) for v in args]
+        return (name + "_" if c.inplace else name), a["input"], args
 
     def _conv_add(self, node):
         """conv -> add ending at node: (conv node, conv, other, alpha,
@@ -711,19 +763,19 @@ class _Rewriter:
             if found is None:
                 return None
             conv_node, conv, other, alpha, promote = found
-            return [conv_node, node], conv, other, alpha, promote, "none"
+            return [conv_node, node], conv, other, alpha, promote, ("none", [])
         act = self._activation(node)
         if act is None or not isinstance(act[1], torch.fx.Node) or not _single_use(act[1], node):
             return None
-        kind, x = act
+        kind, x, args = act
         if form == "act":
             conv = self._conv(x)
-            return None if conv is None else ([x, node], conv, None, 1, False, kind)
+            return None if conv is None else ([x, node], conv, None, 1, False, (kind, args))
         found = self._conv_add(x)
         if found is None:
             return None
         conv_node, conv, other, alpha, promote = found
-        return [conv_node, x, node], conv, other, alpha, promote, kind
+        return [conv_node, x, node], conv, other, alpha, promote, (kind, args)
 
     def _conv(self, v) -> Optional[Dict[str, Any]]:
         """isIntListConv: a conv{1,2,3}d with int-list (not 'same'/'valid')
@@ -849,15 +901,15 @@ class _Rewriter:
         return a if a["bias"] is None or _is_tensor_value(a["bias"]) else None
 
     # linear -> activation ---------------------------------------------------
-    # NB: the activations FX normalizes (relu, silu, sigmoid), as for
-    # conv_add_act; runs after linear_add_relu (the registry's order).
+    # NB: the fusable activations of _activation, as for conv_add_act; runs
+    # after linear_add_relu (the registry's order).
     def linear_act(self) -> int:
         count = 0
         for node in list(self.graph.nodes):
             act = self._activation(node)
             if act is None or not isinstance(act[1], torch.fx.Node) or not _single_use(act[1], node):
                 continue
-            kind, lin_node = act
+            kind, lin_node, args = act
             lin = self._linear(lin_node)
             if lin is None:
                 continue
@@ -865,7 +917,7 @@ class _Rewriter:
             if not _no_intervening_writes(lin_node, node, set(chain), [lin["input"], lin["weight"], lin["bias"]]):
                 continue
             self.replace(node, chain, _ops.custom_linear_act.default,
-                         (lin["input"], lin["weight"], lin["bias"], kind, []))
+                         (lin["input"], lin["weight"], lin["bias"], kind, args))
             count += 1
         return count
 

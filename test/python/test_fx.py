@@ -345,6 +345,59 @@ def test_in_place_relu_of_a_graph_input_stays(path):
     assert counts["relu"] == 0
 
 
+ACTIVATIONS = {  # name: (module, functional form); the op's spelling and arguments follow
+    "relu6": (lambda: nn.ReLU6(), lambda x: F.relu6(x)),
+    "relu6_": (lambda: nn.ReLU6(inplace=True), lambda x: F.relu6(x, inplace=True)),
+    "hardtanh": (lambda: nn.Hardtanh(-0.5, 2), lambda x: F.hardtanh(x, -0.5, 2.0)),
+    "hardtanh_": (lambda: nn.Hardtanh(-1.5, 0.25, inplace=True), lambda x: F.hardtanh_(x, -1.5, 0.25)),
+    "hardswish": (lambda: nn.Hardswish(), lambda x: F.hardswish(x)),
+    "hardswish_": (lambda: nn.Hardswish(inplace=True), lambda x: F.hardswish(x, True)),
+    "hardsigmoid": (lambda: nn.Hardsigmoid(), lambda x: F.hardsigmoid(x)),
+    "gelu": (lambda: nn.GELU(), lambda x: F.gelu(x)),
+    "gelu_tanh": (lambda: nn.GELU("tanh"), lambda x: F.gelu(x, approximate="tanh")),
+    "leaky_relu": (lambda: nn.LeakyReLU(0.2), lambda x: F.leaky_relu(x, 0.3)),
+    "leaky_relu_": (lambda: nn.LeakyReLU(0.05, inplace=True), lambda x: F.leaky_relu_(x, 0.1)),
+}
+
+
+class ChainsWithActivation(nn.Module):
+    """conv -> act, conv -> batch_norm -> act, conv -> act -> max_pool and
+    linear -> act, the activation a module or its functional form."""
+
+    def __init__(self, name, functional):
+        super().__init__()
+        module, fn = ACTIVATIONS[name]
+        self.acts = nn.ModuleList([module() for _ in range(4)])
+        self.fn = fn if functional else None
+        self.c1, self.c2, self.c3 = nn.Conv2d(3, 4, 3), nn.Conv2d(3, 4, 1), nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.lin = nn.Linear(5, 6)
+
+    def act(self, i, x):
+        return self.fn(x) if self.fn is not None else self.acts[i](x)
+
+    def forward(self, x, v):
+        a = self.act(0, self.c1(x))
+        b = self.act(1, self.bn(self.c2(x)))
+        c = F.max_pool2d(self.act(2, self.c3(x)), 2)
+        return torch.cat([a.flatten(), b.flatten(), c.flatten(), self.act(3, self.lin(v)).flatten()])
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("functional", [False, True], ids=["module", "functional"])
+@pytest.mark.parametrize("name", list(ACTIVATIONS))
+def test_every_fusable_activation_fuses(name, functional, path, train):
+    """isFusableActivation's activations, in- and out of place, with their
+    arguments, end the conv and linear chains (outputs, gradients and
+    running statistics are eager's), as in the TorchScript passes; the
+    BatchNorm chain only in eval."""
+    model, inputs = make(lambda: ChainsWithActivation(name, functional), ((2, 3, 6, 6), (3, 5)), train=train)
+    counts = check_same(model, inputs, path, train=train)
+    want = {"conv_add_act": 1, "conv_batch_norm_act": 0 if train else 1, "conv_act_max_pool": 1, "linear_act": 1}
+    assert {k: counts[k] for k in want} == want, counts
+
+
 class ConvThenWriteItsInput(nn.Module):
     """conv -> relu, with an activation module between them writing the
     conv's input in place (Dynamo inlines the module as F.hardswish(x,
