@@ -611,8 +611,7 @@ class _Rewriter:
         return count
 
     # conv{1,2,3}d -> [add] -> [activation] ---------------------------------
-    # NB: the activations FX normalizes (relu, silu, sigmoid); TorchScript's
-    # pass also takes hardtanh, hardswish, hardsigmoid, gelu and leaky_relu.
+    # NB: the activations of _activation, as in TorchScript's pass.
     def conv_add_act(self) -> int:
         count = 0
         for form in ("add_act", "act", "add"):  # longest first
