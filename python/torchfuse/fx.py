@@ -183,10 +183,24 @@ def _target(node: torch.fx.Node) -> Any:
     """What a get_attr or call_module node names in the graph's module (a
     tensor, a submodule), or None where the graph has no module or it has
     no such attribute."""
-    obj: Any = node.graph.owning_module
-    for part in str(node.target).split("."):
+    return _attribute(node.graph, str(node.target))
+
+
+def _attribute(graph: torch.fx.Graph, path: str) -> Any:
+    obj: Any = graph.owning_module
+    for part in path.split("."):
         obj = getattr(obj, part, None)
     return obj
+
+
+def _has_hooks(mod: nn.Module) -> bool:
+    """Whether calling mod runs hooks (its own or the global ones), which a
+    fused op would drop."""
+    own = (mod._forward_hooks, mod._forward_pre_hooks, mod._backward_hooks, mod._backward_pre_hooks)
+    g = torch.nn.modules.module
+    glob = (g._global_forward_hooks, g._global_forward_pre_hooks, g._global_backward_hooks,
+            g._global_backward_pre_hooks)
+    return any(len(h) > 0 for h in own + glob)
 
 
 def _module_call(node: torch.fx.Node) -> Optional[_Call]:
@@ -194,7 +208,7 @@ def _module_call(node: torch.fx.Node) -> Optional[_Call]:
     activations and adaptive average pools.  NB: not BatchNorm modules: their mode and
     num_batches_tracked update live in the module, not in the graph."""
     mod = _target(node)
-    if not isinstance(mod, nn.Module) or not node.args:
+    if not isinstance(mod, nn.Module) or not node.args or _has_hooks(mod):
         return None
     x, t = node.args[0], node.target
     if type(mod) in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
@@ -273,7 +287,7 @@ def _normalize(node: torch.fx.Node) -> Optional[_Call]:
         return None
     kind, inplace, names, defaults = entry
     bound = _bind(names, defaults, node.args, node.kwargs)
-    if bound is None:
+    if bound is None or bound.get("out") is not None:  # an out= call writes and returns its out
         return None
     if inplace is None:  # F.relu(x, inplace=...)
         inplace = bound.get("inplace") is True
@@ -298,15 +312,18 @@ def _meta(node) -> Any:
 
 
 def _is_tensor_value(v) -> bool:
-    """A graph value that is a tensor, as far as the graph's metadata tells
-    (a node without metadata counts as one: Dynamo gives every tensor
-    metadata, and a Python number is never a node)."""
+    """A graph value that is a tensor, as far as the graph tells: by its
+    metadata (Dynamo and torch.export give every value some), else by its
+    annotation (symbolic_trace: an input annotated as another type is not
+    one; an unannotated one is, as TorchScript takes it)."""
     if isinstance(v, _Attr):
         return True
     if not isinstance(v, torch.fx.Node):
         return False
     m = _meta(v)
-    return m is None or isinstance(m, torch.Tensor)
+    if m is not None:
+        return isinstance(m, torch.Tensor)
+    return v.type is None or (isinstance(v.type, type) and issubclass(v.type, torch.Tensor))
 
 
 def _is_number(v) -> bool:
@@ -330,25 +347,67 @@ _VIEW_METHODS = {
 }
 
 
+# Ops whose schema says fresh but which return their input itself (in
+# eval, or with p == 0): the TorchScript passes special-case them too.
+_RETURNS_INPUT = {"dropout", "feature_dropout", "alpha_dropout", "feature_alpha_dropout"}
+
+
+@functools.lru_cache(maxsize=None)
+def _may_return_view(name: str) -> bool:
+    """Whether a Tensor method or torch function of this name may return a
+    view of (or the same tensor as) its first argument: by ATen's schemas
+    of that name (a return with alias information in any overload); a name
+    with no ATen op (``cpu``, ``type``, ``getattr`` for ``.T``, a user's
+    function) may."""
+    if name in _VIEW_METHODS or name in _RETURNS_INPUT:
+        return True
+    try:
+        schemas = torch._C._jit_get_schemas_for_operator(f"aten::{name}")
+    except RuntimeError:
+        schemas = []
+    if not schemas:
+        return True
+    return any(r.alias_info is not None for sch in schemas for r in sch.returns)
+
+
+def _view_source(v: torch.fx.Node):
+    """The argument v may be a view of, or None where v is fresh."""
+    if v.op == "call_module":
+        c = _module_call(v)
+        fresh = c is not None and not c.inplace
+        return None if fresh or not v.args else v.args[0]
+    if v.op == "call_method":
+        return v.args[0] if v.args and _may_return_view(v.target) else None
+    if v.op != "call_function" or not v.args:
+        return None
+    t = v.target
+    if isinstance(t, torch._ops.OpOverload):
+        ret = t._schema.returns
+        view = bool(ret) and ret[0].alias_info is not None
+        return v.args[0] if view or t._schema.name.split("::")[-1] in _RETURNS_INPUT else None
+    if t in _INPLACE_OPERATORS or t is operator.getitem:
+        return v.args[0]
+    name = getattr(t, "__name__", "")
+    if name.endswith("_") or _writes_by_flag(v):
+        return v.args[0]  # an in-place call returns its input
+    try:
+        known = t in _TORCH_TARGETS
+    except TypeError:  # an unhashable target
+        known = False
+    if getattr(t, "__module__", None) in ("_operator", "operator") or known:
+        return None  # a + b, torch.conv2d, F.relu(x): fresh
+    return v.args[0] if _may_return_view(name) else None
+
+
 def _root(v):
-    """What v is a view of, as far as the graph shows: followed through view
-    ops (Tensor methods above; ATen ops whose result aliases an argument;
-    getitem).  Fresh results, placeholders and attributes are roots."""
+    """What v may be a view of, as far as the graph shows: followed through
+    every op that may return a view of its first argument or the argument
+    itself (_view_source; where unknown, it is taken to).  Fresh results,
+    placeholders and attributes are roots."""
     seen = 0
     while isinstance(v, torch.fx.Node) and seen < 10000:
         seen += 1
-        nxt = None
-        if v.op == "call_method" and v.target in _VIEW_METHODS:
-            nxt = v.args[0]
-        elif v.op == "call_function":
-            if v.target is operator.getitem:
-                nxt = v.args[0]
-            elif isinstance(v.target, torch._ops.OpOverload):
-                ret = v.target._schema.returns
-                if ret and ret[0].alias_info is not None and v.args:
-                    nxt = v.args[0]
-            elif getattr(v.target, "__name__", None) in _VIEW_METHODS and v.args:
-                nxt = v.args[0]  # torch.transpose, torch.reshape, ...
+        nxt = _view_source(v)
         if not isinstance(nxt, torch.fx.Node):
             return v
         v = nxt
@@ -418,6 +477,24 @@ def _writes_by_flag(node: torch.fx.Node) -> bool:
     return bound.arguments.get("inplace", False) is not False
 
 
+def _is_library_function(t) -> bool:
+    """A function of torch, or of Python's operator, builtins or math
+    modules, whose writes its name or flags tell; anything else is a
+    user's."""
+    module = getattr(t, "__module__", None) or ""
+    return module.split(".")[0] in ("torch", "operator", "_operator", "builtins", "math")
+
+
+def _flat_nodes(v) -> List[torch.fx.Node]:
+    if isinstance(v, (list, tuple)):
+        return [n for x in v for n in _flat_nodes(x)]
+    return [v] if isinstance(v, torch.fx.Node) else []
+
+
+def _tensor_args(node: torch.fx.Node) -> List[torch.fx.Node]:
+    return _flat_nodes(list(node.args) + list(node.kwargs.values()))
+
+
 def _writes(node: torch.fx.Node) -> List[Any]:
     """The values node writes in place (graph values; for a call_module
     node in training mode also the module's buffers, which BatchNorm's
@@ -446,10 +523,12 @@ def _writes(node: torch.fx.Node) -> List[Any]:
                     out.append(node.args[i] if i < len(node.args) else node.kwargs.get(a.name))
         elif node.args and _writes_by_flag(node):
             out.append(node.args[0])
+        elif not _is_library_function(t):
+            out += _tensor_args(node)  # a user's function (torch.fx.wrap) may write any argument
         else:
             name = getattr(t, "__name__", "")
-            if name.endswith("_") and not name.startswith("_") and node.args:
-                out.append(node.args[0])
+            if name.endswith("_") and not (name.startswith("__") and name.endswith("__")) and node.args:
+                out += _flat_nodes(node.args[0])  # torch.relu_(x), torch._foreach_mul_([a, b], 2)
         call = _normalize(node)
         # NB: batch_norm writes its running statistics in training, though
         # aten::batch_norm's schema does not say so.
@@ -492,7 +571,10 @@ def _no_intervening_writes(head, tail, chain: set, inputs: Iterable) -> bool:
     reads them later than head did), or switches grad or autocast mode (a
     conv under no_grad, its relu and add with grad, must not become one op
     that records a graph for the conv)."""
-    inputs = [v for v in inputs if isinstance(v, torch.fx.Node)]
+    # NB: a call_module's parameters (_Attr) by their tensors, which a
+    # get_attr node's write is compared with
+    inputs = [_attribute(head.graph, v.path) if isinstance(v, _Attr) else v for v in inputs]
+    inputs = [v for v in inputs if isinstance(v, (torch.fx.Node, torch.Tensor))]
     for n in _between(head, tail):
         if n in chain:
             continue

@@ -978,3 +978,137 @@ def test_symbolic_trace_module_writes_reach_shared_attributes(shared):
         torch.testing.assert_close(model.bn.running_mean, ref.bn.running_mean)
         model.zero_grad(set_to_none=True)
         ref.zero_grad(set_to_none=True)
+
+
+# ------------------------------------------------- aliasing and writes (audit)
+
+@torch.fx.wrap
+def _scale_in_place(t):
+    t.mul_(2)
+    return t
+
+
+class AddNormAfterWrite(nn.Module):
+    """add -> layer_norm with a write to the add's operand `a` between them,
+    in one of several spellings."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.ln = nn.LayerNorm(4)
+        self.how = how
+
+    def forward(self, a, b):
+        t = a + b
+        if self.how == "swapdims":
+            a.swapdims(0, 1).mul_(2)
+        elif self.how == "transpose_attr":
+            a.T.mul_(2)
+        elif self.how == "foreach":
+            torch._foreach_mul_([a], 2.0)
+        elif self.how == "wrapped":
+            _scale_in_place(a)
+        elif self.how == "weight":
+            self.ln.weight.mul_(2)
+        return self.ln(t)
+
+
+@pytest.mark.parametrize("path", ["symbolic", "dynamo"])
+@pytest.mark.parametrize("how", ["swapdims", "transpose_attr", "foreach", "wrapped", "weight", "none"])
+def test_writes_between_the_chain_ends_leave_it(how, path):
+    """_writes and _root: a write to the chain's input through a view the
+    graph does not name as one (swapdims, .T), an opaque in-place call
+    (_foreach_mul_, a torch.fx.wrap function) or to a called module's
+    parameter (symbolic_trace's call_module) leaves the chain, which would
+    otherwise read the written value; with no write it fuses."""
+    if path == "dynamo" and how == "wrapped":
+        pytest.skip("torch.fx.wrap marks a function for symbolic_trace only")
+    torch.manual_seed(0)
+    model = AddNormAfterWrite(how)
+    a, b = torch.randn(4, 4), torch.randn(4, 4)
+    with torch.no_grad():
+        want = copy.deepcopy(model)(a.clone(), b)
+        if path == "symbolic":
+            gm = tfx.optimize(torch.fx.symbolic_trace(model), passes=["add_layer_norm"])
+            fused = tfx.report(gm)["add_layer_norm"]
+            got = gm(a.clone(), b)
+        else:
+            counts = []
+
+            def inner(g, example_inputs):
+                counts.append(tfx.report(g)["add_layer_norm"])
+                return g
+
+            torch._dynamo.reset()
+            got = torch.compile(model, backend=tfx.make_backend(passes=["add_layer_norm"], inner=inner,
+                                                                choice="fused"))(a.clone(), b)
+            fused = sum(counts)
+    torch.testing.assert_close(got, want)
+    assert fused == (1 if how == "none" else 0), fused
+
+
+class OutForms(nn.Module):
+    def __init__(self, which):
+        super().__init__()
+        self.ln = nn.LayerNorm(4)
+        self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+        self.which = which
+
+    def forward(self, a, b, buf):
+        if self.which == "add":
+            return self.ln(torch.add(a, b, out=buf))
+        return torch.sigmoid(self.bn(self.conv(a)), out=buf)
+
+
+@pytest.mark.parametrize("which", ["add", "sigmoid"])
+def test_an_out_call_is_not_a_chain_link(which):
+    """_normalize: torch.add(..., out=buf) and torch.sigmoid(..., out=buf)
+    write buf and return it; fused, buf would never be written."""
+    torch.manual_seed(0)
+    model = OutForms(which).eval()
+    a = torch.randn(2, 3, 6, 6) if which == "sigmoid" else torch.randn(3, 4)
+    b = torch.randn(3, 4)
+    buf = torch.zeros(2, 4, 4, 4) if which == "sigmoid" else torch.zeros(3, 4)
+    name = "add_layer_norm" if which == "add" else "conv_batch_norm_act"
+    gm = tfx.optimize(torch.fx.symbolic_trace(model), passes=[name])
+    with torch.no_grad():
+        want_buf, got_buf = buf.clone(), buf.clone()
+        want = model(a, b, want_buf)
+        got = gm(a, b, got_buf)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(got_buf, want_buf)
+    if which == "add":
+        assert tfx.report(gm)[name] == 0
+    else:
+        assert got.data_ptr() == got_buf.data_ptr()  # the out= call's result is buf
+
+
+def test_a_hooked_module_is_not_a_chain_link():
+    """_has_hooks: a fused op would drop the LayerNorm module's forward hook."""
+    torch.manual_seed(0)
+    model = AddNormAfterWrite("none")
+    model.ln.register_forward_hook(lambda m, i, o: o * 2)
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    gm = tfx.optimize(torch.fx.symbolic_trace(model), passes=["add_layer_norm"])
+    with torch.no_grad():
+        torch.testing.assert_close(gm(a, b), model(a, b))
+    assert tfx.report(gm)["add_layer_norm"] == 0
+
+
+class AddScalarNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(4)
+
+    def forward(self, a, shift: float):
+        return self.ln(a + shift)
+
+
+def test_an_input_annotated_as_a_number_is_not_a_tensor():
+    """_is_tensor_value: symbolic_trace gives no metadata; an input
+    annotated float makes a + shift add.Scalar, which the op does not take."""
+    model = AddScalarNorm()
+    gm = tfx.optimize(torch.fx.symbolic_trace(model), passes=["add_layer_norm"])
+    a = torch.randn(3, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(gm(a, 0.5), model(a, 0.5))
+    assert tfx.report(gm)["add_layer_norm"] == 0
