@@ -42,6 +42,10 @@ def cli():
 
 
 def run(cli, *args, timeout=300, env=None):
+    # NB: no progress lines unless a test asks for them (env): on a loaded
+    # machine a check outlasts the progress delay, and tests count stderr's lines
+    if env is None:
+        env = dict(os.environ, OPTIMIZE_MODEL_PROGRESS_AFTER_S="3600")
     return subprocess.run(
         [str(cli), *map(str, args)], capture_output=True, text=True, timeout=timeout,
         env=env,
