@@ -1,29 +1,20 @@
 """bench/batch_norm_shapes.py: it refuses to run without CUDA, with the
 reason; on CUDA one shape's row has both ways' times and their ratios."""
 
-import importlib.util
 import json
-import os
 
 import pytest
 import torch
-
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+from bench_scripts import assert_refuses_without_cuda, load_bench
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("bench_bn_shapes", os.path.join(ROOT, "bench", "batch_norm_shapes.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("batch_norm_shapes")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch sees no CUDA device")
 def test_refuses_without_cuda(capsys, tmp_path):
-    out = tmp_path / "r.json"
-    assert load().main(["--output", str(out)]) == 2
-    assert "needs a CUDA device" in capsys.readouterr().err
-    assert not out.exists()
+    assert_refuses_without_cuda(load().main, capsys, tmp_path)
 
 
 @pytest.mark.cuda

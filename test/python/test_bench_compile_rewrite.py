@@ -2,22 +2,14 @@
 CUDA, with the reason; on CUDA a small model's variants are compiled, each
 with what it fused, and the measured backend's choice is recorded."""
 
-import importlib.util
-import os
-
 import pytest
 import torch
 import torch.nn as nn
-
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+from bench_scripts import assert_refuses_without_cuda, load_bench
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("bench_compile_rewrite",
-                                                  os.path.join(ROOT, "bench", "compile_rewrite.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_bench("compile_rewrite")
 
 
 def test_refuses_unknown_models_and_dtypes(capsys, tmp_path):
@@ -29,10 +21,7 @@ def test_refuses_unknown_models_and_dtypes(capsys, tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where torch sees no CUDA device")
 def test_refuses_without_cuda(capsys, tmp_path):
-    out = tmp_path / "r.json"
-    assert load().main(["--output", str(out)]) == 2
-    assert "needs a CUDA device" in capsys.readouterr().err
-    assert not out.exists()
+    assert_refuses_without_cuda(load().main, capsys, tmp_path)
 
 
 @pytest.mark.cuda
