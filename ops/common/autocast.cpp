@@ -4,6 +4,7 @@
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/jit/passes/autocast.h>
 #include <torch/csrc/jit/python/update_graph_executor_opt.h>
+#include <torch/csrc/jit/runtime/interpreter.h>
 
 namespace torchfuse::ops {
 
@@ -12,7 +13,12 @@ ChainAutocast::ChainAutocast(c10::DeviceType device)
       // NB: the graph executor reads both switches when it first optimizes a
       // method for an autocast state and keeps that graph; read here at each
       // call, they agree with it as long as they are not flipped in between.
-      jit_pass_(torch::jit::autocastEnabled() && torch::jit::getGraphExecutorOptimize()),
+      // NB: and only inside TorchScript's interpreter: called from eager
+      // code (an FX GraphModule, Inductor's or AOTInductor's code), the
+      // original chain it replaces had eager autocast alone.
+      jit_pass_(
+          torch::jit::autocastEnabled() && torch::jit::getGraphExecutorOptimize() &&
+          !torch::jit::currentCallstack().empty()),
       cuda_enabled_(at::autocast::is_autocast_enabled(c10::DeviceType::CUDA)),
       cpu_enabled_(at::autocast::is_autocast_enabled(c10::DeviceType::CPU)),
       cuda_dtype_(at::autocast::get_autocast_dtype(c10::DeviceType::CUDA)),

@@ -21,7 +21,9 @@ namespace torchfuse::ops {
 // or float32 -- always the case in our chains, whose intermediate values are
 // untyped.  The pass runs only where GraphFunction preoptimizes the graph:
 // with the JIT autocast mode on (torch._C._jit_set_autocast_mode, the default)
-// and optimized execution on (torch.jit.optimized_execution).
+// and optimized execution on (torch.jit.optimized_execution), and only for a
+// call from TorchScript's interpreter: the torchfuse.fx rewrite's ops run from
+// eager code, where the chain had eager autocast alone.
 class ChainAutocast {
  public:
   // Reads the thread's autocast state: construct it before excluding the

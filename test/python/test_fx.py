@@ -1112,3 +1112,53 @@ def test_an_input_annotated_as_a_number_is_not_a_tensor():
     with torch.no_grad():
         torch.testing.assert_close(gm(a, 0.5), model(a, 0.5))
     assert tfx.report(gm)["add_layer_norm"] == 0
+
+
+class AddChains(nn.Module):
+    """conv -> relu -> add, conv -> add -> relu, linear -> add -> relu and
+    batch_norm -> add -> div -> swish, each add's operands computed under
+    autocast (conv and linear outputs in the lower precision)."""
+
+    def __init__(self):
+        super().__init__()
+        self.c, self.d = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(3, 4, 3, padding=1)
+        self.l, self.m = nn.Linear(5, 6), nn.Linear(5, 6)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x, v):
+        a = torch.relu(self.c(x)) + self.d(x)
+        b = torch.relu(self.c(x) + self.d(x))
+        t = (self.bn(self.d(x)) + self.d(x)) / 2.0
+        return a, b, t * torch.sigmoid(t), torch.relu(self.l(v) + self.m(v))
+
+
+@pytest.mark.parametrize("path", ["symbolic", "dynamo"])
+def test_ops_called_from_eager_code_take_eager_autocast(path):
+    """ChainAutocast: the TorchScript autocast pass's casts (the add in
+    float32) apply only to a call from TorchScript's interpreter; the FX
+    rewrite's ops, called from eager code under autocast, give eager's
+    dtypes (bfloat16 here) and values."""
+    torch.manual_seed(0)
+    model = AddChains().eval()
+    x, v = torch.randn(2, 3, 5, 5), torch.randn(3, 5)
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        want = model(x, v)
+    if path == "symbolic":
+        fn = tfx.optimize(torch.fx.symbolic_trace(model))
+        fused = tfx.report(fn)
+    else:
+        seen = []
+
+        def inner(gm, example_inputs):
+            seen.append(tfx.report(gm))
+            return gm
+
+        torch._dynamo.reset()
+        fn = torch.compile(model, backend=tfx.make_backend(inner=inner, choice="fused"))
+    with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
+        got = fn(x, v)
+    fused = fused if path == "symbolic" else {k: sum(s[k] for s in seen) for k in seen[0]}
+    assert fused["conv_relu_add"] >= 1 and fused["linear_add_relu"] == 1, fused
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype == torch.bfloat16
+        torch.testing.assert_close(g, w, rtol=2e-2, atol=2e-2)
