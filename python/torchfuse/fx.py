@@ -326,6 +326,20 @@ def _is_tensor_value(v) -> bool:
     return v.type is None or (isinstance(v.type, type) and issubclass(v.type, torch.Tensor))
 
 
+def _same_layout(a, b) -> bool:
+    """Whether a and b are tensors of the same static sizes and strides (by
+    their metadata).  NB: eager's other + chain takes other's strides where
+    the layouts differ, the fused op the chain's (chainIsAddSelf): the chain
+    may be add's second operand only where they cannot differ."""
+    ma, mb = _meta(a), _meta(b)
+    if not (isinstance(ma, torch.Tensor) and isinstance(mb, torch.Tensor)):
+        return False
+    dims = list(ma.shape) + list(ma.stride()) + list(mb.shape) + list(mb.stride())
+    if not all(isinstance(d, int) for d in dims):
+        return False
+    return list(ma.shape) == list(mb.shape) and list(ma.stride()) == list(mb.stride())
+
+
 def _is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -423,6 +437,11 @@ def _identity(v) -> Any:
         t = v
     elif isinstance(v, torch.fx.Node):
         r = _root(v)
+        if r.op == "placeholder" and not isinstance(_meta(r), nn.Parameter):
+            # NB: the caller may pass one tensor, or views of one, as two
+            # inputs (a buffer of Dynamo's graph too): as TorchScript's alias
+            # analysis takes them, graph inputs may alias each other
+            return ("graph input",)
         t = _target(r) if r.op == "get_attr" else None
         if not isinstance(t, torch.Tensor):
             return r
@@ -437,9 +456,9 @@ def _identity(v) -> Any:
 def _may_alias(a, b) -> bool:
     """Whether a and b (graph values, or a module's tensors that a
     call_module node writes) may share memory.  NB: as the TorchScript
-    passes take them: distinct graph inputs (placeholders) are distinct,
-    and so are distinct fresh results; attributes are compared by their
-    tensors' storage."""
+    passes take them: graph inputs (placeholders other than Dynamo's
+    parameters) may alias each other, distinct fresh results are distinct;
+    attributes are compared by their tensors' storage."""
     ia, ib = _identity(a), _identity(b)
     return ia is not None and ia == ib
 
@@ -643,8 +662,8 @@ class _Rewriter:
         if add.inplace or a.get("alpha") is None or not _is_number(a["alpha"]):
             return None
         other = a["other"] if node_is_first else a["input"]
-        if not node_is_first and a["alpha"] != 1:
-            return None  # alpha scales the chain's operand, the op scales other
+        if not node_is_first and (a["alpha"] != 1 or not _same_layout(a["input"], a["other"])):
+            return None  # alpha scales the chain's operand, the op scales other; chainIsAddSelf
         if not _is_tensor_value(other):
             return None
         return other, a["alpha"]
@@ -830,7 +849,9 @@ class _Rewriter:
         a, alpha = add.args, add.args["alpha"]
         for first in (True, False):
             operand, other = (a["input"], a["other"]) if first else (a["other"], a["input"])
-            if (not first and (add.inplace or alpha != 1)) or not _is_tensor_value(other):
+            if not first and (add.inplace or alpha != 1 or not _same_layout(operand, other)):
+                continue  # chainIsAddSelf
+            if not _is_tensor_value(other):
                 continue
             if isinstance(operand, torch.fx.Node) and _single_use(operand, node):
                 conv = self._conv(operand)

@@ -88,8 +88,12 @@ POSITIVE = {
     "conv3d_alpha": (lambda: ConvReluAdd(dims=3, alpha=-0.5), ((1, 3, 4, 5, 5), (4, 1, 1, 1)), None,
                      {"conv_relu_add": 1}),
     "linear": (lambda: LinearAddRelu(), LIN_IN, None, {"linear_add_relu": 1}),
-    "linear_other_first_no_bias": (lambda: LinearAddRelu(bias=False, order="other_first"), ((2, 3, 5), (6,)),
+    # chainIsAddSelf: other + chain where the two have one layout (by metadata)
+    "linear_other_first_no_bias": (lambda: LinearAddRelu(bias=False, order="other_first"), ((2, 3, 5), (2, 3, 6)),
                                    None, {"linear_add_relu": 1}),
+    # ... and not where other broadcasts (eager's result could take its strides)
+    "linear_other_first_broadcast": (lambda: LinearAddRelu(bias=False, order="other_first"), ((2, 3, 5), (6,)),
+                                     None, {}),
     "linear_alpha": (lambda: LinearAddRelu(alpha=2.5), LIN_IN, None, {"linear_add_relu": 1}),
     "bn_mul": (lambda: BatchNormSwish(), BN_IN, None, {"batch_norm_add_div_swish": 1}),
     "bn_sigmoid_first_other_first": (lambda: BatchNormSwish(swish="sigmoid_first", order="other_first"),
@@ -1162,3 +1166,79 @@ def test_ops_called_from_eager_code_take_eager_autocast(path):
     for g, w in zip(got, want):
         assert g.dtype == w.dtype == torch.bfloat16
         torch.testing.assert_close(g, w, rtol=2e-2, atol=2e-2)
+
+
+class OtherPlusChain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x, o):
+        return o + torch.relu(self.c(x))
+
+
+@pytest.mark.parametrize("other_layout", ["channels_last", "same"])
+def test_chain_as_adds_second_operand_only_with_one_layout(other_layout):
+    """chainIsAddSelf: eager's other + chain takes other's strides where the
+    layouts differ (a channels-last other here); the fused op would take the
+    chain's, so the chain fuses as add's second operand only where both
+    have one layout."""
+    torch.manual_seed(0)
+    model = OtherPlusChain().eval()
+    x, o = torch.randn(2, 3, 5, 5), torch.randn(2, 4, 5, 5)
+    if other_layout == "channels_last":
+        o = o.contiguous(memory_format=torch.channels_last)
+    counts = []
+
+    def inner(gm, example_inputs):
+        counts.append(tfx.report(gm)["conv_relu_add"])
+        return gm
+
+    torch._dynamo.reset()
+    fn = torch.compile(model, backend=tfx.make_backend(passes=["conv_relu_add"], inner=inner, choice="fused"))
+    with torch.no_grad():
+        want, got = model(x, o), fn(x, o)
+    torch.testing.assert_close(got, want)
+    assert got.stride() == want.stride()
+    assert counts == [0 if other_layout == "channels_last" else 1], counts
+
+
+class WriteAnotherInput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(3, 4, 1)
+
+    def forward(self, x, o, p):
+        r = torch.relu(self.c(x))
+        p.mul_(2.0)
+        return r + o
+
+
+@pytest.mark.parametrize("path", ["symbolic", "dynamo"])
+def test_a_write_to_another_input_may_write_the_chains_input(path):
+    """_identity: graph inputs may alias each other (the caller passes x and
+    a view of it): a write to one between the chain's ends leaves a chain
+    that reads another, as TorchScript's alias analysis takes them."""
+    torch.manual_seed(0)
+    model = WriteAnotherInput().eval()
+    x, o = torch.randn(1, 3, 4, 4), torch.randn(1, 4, 4, 4)
+    with torch.no_grad():
+        x0 = x.clone()
+        want = model(x0, o, x0.view(1, 3, 4, 4))
+        if path == "symbolic":
+            gm = tfx.optimize(torch.fx.symbolic_trace(model), passes=["conv_relu_add"])
+            fused = tfx.report(gm)["conv_relu_add"]
+        else:
+            seen = []
+
+            def inner(g, example_inputs):
+                seen.append(tfx.report(g)["conv_relu_add"])
+                return g
+
+            torch._dynamo.reset()
+            gm = torch.compile(model, backend=tfx.make_backend(passes=["conv_relu_add"], inner=inner, choice="fused"))
+        x1 = x.clone()
+        got = gm(x1, o, x1.view(1, 3, 4, 4))
+        fused = fused if path == "symbolic" else sum(seen)
+    torch.testing.assert_close(got, want)
+    assert fused == 0, fused
