@@ -290,7 +290,9 @@ def _normalize(node: torch.fx.Node) -> Optional[_Call]:
     if bound is None or bound.get("out") is not None:  # an out= call writes and returns its out
         return None
     if inplace is None:  # F.relu(x, inplace=...)
-        inplace = bound.get("inplace") is True
+        if not isinstance(bound.get("inplace"), bool):
+            return None  # a flag known only at run time: either spelling
+        inplace = bound["inplace"]
     if kind == "convolution":  # aten.convolution: a conv{1,2,3}d when not transposed
         if bound.get("transposed") is not False or not _all_zero(bound.get("output_padding")):
             return None

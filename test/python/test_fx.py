@@ -1242,3 +1242,28 @@ def test_a_write_to_another_input_may_write_the_chains_input(path):
         fused = fused if path == "symbolic" else sum(seen)
     torch.testing.assert_close(got, want)
     assert fused == 0, fused
+
+
+class ReluFlag(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c = nn.Conv2d(3, 1, 1)
+
+    def forward(self, x, flag: bool):
+        return F.relu(self.c(x), inplace=flag)
+
+
+def test_an_inplace_flag_known_at_run_time_is_not_a_chain_link():
+    """_normalize: F.relu(x, inplace=flag) with flag an input may run either
+    spelling, whose results' strides differ where the layout is ambiguous
+    (a one-channel conv output of a channels-last input)."""
+    torch.manual_seed(0)
+    model = ReluFlag().eval()
+    x = torch.randn(2, 3, 4, 4).contiguous(memory_format=torch.channels_last)
+    gm = tfx.optimize(torch.fx.symbolic_trace(model), passes=["conv_add_act"])
+    with torch.no_grad():
+        for flag in (True, False):
+            want, got = model(x, flag), gm(x, flag)
+            torch.testing.assert_close(got, want)
+            assert got.stride() == want.stride(), (flag, got.stride(), want.stride())
+    assert tfx.report(gm)["conv_add_act"] == 0
