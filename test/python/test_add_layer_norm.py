@@ -161,31 +161,45 @@ def chain(x, y, w, b):
     return cu.chain
 
 
+def scripted_op():
+    """A new scripted function calling the op, as a rewritten graph does."""
+    cu = torch.jit.CompilationUnit("""
+def fused(x, y, w, b, promote: bool):
+    return torch.ops.torchfuse.custom_add_layer_norm(x, y, 1, promote, [8], w, b, 1e-5, True)
+""")
+    return cu.fused
+
+
 @pytest.mark.parametrize("dtypes", [(torch.bfloat16, torch.bfloat16), (torch.float32, torch.float32),
                                     (torch.bfloat16, torch.float32)])
 @pytest.mark.parametrize("jit_pass", [True, False])
 @pytest.mark.parametrize("promote", [True, False])
 def test_autocast_dtypes_are_the_chains(dtypes, jit_pass, promote):
-    """Under CPU autocast (bfloat16) the op gives the scripted chain's dtypes
-    and values: with TorchScript's autocast pass (the default), add's and
-    layer_norm's inputs cast to float32; without it, eager's (CPU autocast
-    leaves add and layer_norm alone: the inputs' dtypes)."""
+    """Under CPU autocast (bfloat16), called from TorchScript, the op gives
+    the scripted chain's dtypes and values: with TorchScript's autocast pass
+    (the default), add's and layer_norm's inputs cast to float32; without
+    it, eager's (CPU autocast leaves add and layer_norm alone: the inputs'
+    dtypes).  Called from eager code (torchfuse.fx's rewrite), eager's."""
     x, y = signed(4, 8, dtype=dtypes[0]), signed(4, 8, dtype=dtypes[0])
     w, b = signed(8, dtype=dtypes[1]), signed(8, dtype=dtypes[1])
     with jit_autocast(jit_pass), torch.autocast("cpu", dtype=torch.bfloat16):
-        out, s = op(x, y, 1, promote, [8], w, b, 1e-5, True)
-        chain = scripted_chain(promote)
+        fused, chain = scripted_op(), scripted_chain(promote)
         for _ in range(3):  # the profiling executor optimizes the graph from the second run on
+            out, s = fused(x, y, w, b, promote)
             want, want_s = chain(x, y, w, b)
+        direct_out, direct_s = op(x, y, 1, promote, [8], w, b, 1e-5, True)
         eager_out, eager_s = eager(x, y, 1, [8], w, b, promote=promote)
     assert (out.dtype, s.dtype) == (want.dtype, want_s.dtype)
+    assert (direct_out.dtype, direct_s.dtype) == (eager_out.dtype, eager_s.dtype) == (dtypes[0], dtypes[0])
     if not jit_pass:
-        assert (out.dtype, s.dtype) == (eager_out.dtype, eager_s.dtype) == (dtypes[0], dtypes[0])
+        assert (out.dtype, s.dtype) == (dtypes[0], dtypes[0])
     elif dtypes[0] == torch.bfloat16:
         # the pass casts add's inputs, not add_'s; and layer_norm's input
         assert (out.dtype, s.dtype) == (torch.float32, torch.float32 if promote else torch.bfloat16)
     torch.testing.assert_close(out, want)
     torch.testing.assert_close(s, want_s)
+    torch.testing.assert_close(direct_out, eager_out)
+    torch.testing.assert_close(direct_s, eager_s)
 
 
 # ---- the fusion ---------------------------------------------------------------
