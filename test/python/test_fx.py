@@ -172,6 +172,21 @@ def check_same(model, inputs, path, train, passes=None, steps=2):
     return counts
 
 
+def compile_counting(model, passes=None):
+    """torch.compile of model through make_backend(passes, choice="fused"),
+    its inner the identity, recording each compiled graph's report:
+    (callable, {pass: chains fused over the graphs})."""
+    counts = {}
+
+    def inner(gm, example_inputs):
+        for name, n in tfx.report(gm).items():
+            counts[name] = counts.get(name, 0) + n
+        return gm
+
+    torch._dynamo.reset()
+    return torch.compile(model, backend=tfx.make_backend(passes=passes, inner=inner, choice="fused")), counts
+
+
 PATHS = ["dynamo", "export"]
 
 
@@ -430,18 +445,11 @@ def test_write_by_a_positional_inplace_flag_leaves_the_chain(act, inplace):
     model = ConvThenWriteItsInput(module).eval()
     x = torch.randn(2, 3, 6, 6)
     want = model(x.clone())
-    counts = []
-
-    def inner(gm, example_inputs):
-        counts.append(tfx.report(gm)["conv_add_act"])
-        return gm
-
-    torch._dynamo.reset()
-    fn = torch.compile(model, backend=tfx.make_backend(passes=["conv_add_act"], inner=inner, choice="fused"))
+    fn, counts = compile_counting(model, ["conv_add_act"])
     with torch.no_grad():
         got = fn(x.clone())
     torch.testing.assert_close(got, want)
-    assert counts == [0 if inplace else 1], counts
+    assert counts["conv_add_act"] == (0 if inplace else 1), counts
 
 
 class ConvActAdd(nn.Module):
@@ -1036,16 +1044,9 @@ def test_writes_between_the_chain_ends_leave_it(how, path):
             fused = tfx.report(gm)["add_layer_norm"]
             got = gm(a.clone(), b)
         else:
-            counts = []
-
-            def inner(g, example_inputs):
-                counts.append(tfx.report(g)["add_layer_norm"])
-                return g
-
-            torch._dynamo.reset()
-            got = torch.compile(model, backend=tfx.make_backend(passes=["add_layer_norm"], inner=inner,
-                                                                choice="fused"))(a.clone(), b)
-            fused = sum(counts)
+            fn, counts = compile_counting(model, ["add_layer_norm"])
+            got = fn(a.clone(), b)
+            fused = counts["add_layer_norm"]
     torch.testing.assert_close(got, want)
     assert fused == (1 if how == "none" else 0), fused
 
@@ -1151,17 +1152,9 @@ def test_ops_called_from_eager_code_take_eager_autocast(path):
         fn = tfx.optimize(torch.fx.symbolic_trace(model))
         fused = tfx.report(fn)
     else:
-        seen = []
-
-        def inner(gm, example_inputs):
-            seen.append(tfx.report(gm))
-            return gm
-
-        torch._dynamo.reset()
-        fn = torch.compile(model, backend=tfx.make_backend(inner=inner, choice="fused"))
+        fn, fused = compile_counting(model)
     with torch.autocast("cpu", dtype=torch.bfloat16), torch.no_grad():
         got = fn(x, v)
-    fused = fused if path == "symbolic" else {k: sum(s[k] for s in seen) for k in seen[0]}
     assert fused["conv_relu_add"] >= 1 and fused["linear_add_relu"] == 1, fused
     for g, w in zip(got, want):
         assert g.dtype == w.dtype == torch.bfloat16
@@ -1188,19 +1181,12 @@ def test_chain_as_adds_second_operand_only_with_one_layout(other_layout):
     x, o = torch.randn(2, 3, 5, 5), torch.randn(2, 4, 5, 5)
     if other_layout == "channels_last":
         o = o.contiguous(memory_format=torch.channels_last)
-    counts = []
-
-    def inner(gm, example_inputs):
-        counts.append(tfx.report(gm)["conv_relu_add"])
-        return gm
-
-    torch._dynamo.reset()
-    fn = torch.compile(model, backend=tfx.make_backend(passes=["conv_relu_add"], inner=inner, choice="fused"))
+    fn, counts = compile_counting(model, ["conv_relu_add"])
     with torch.no_grad():
         want, got = model(x, o), fn(x, o)
     torch.testing.assert_close(got, want)
     assert got.stride() == want.stride()
-    assert counts == [0 if other_layout == "channels_last" else 1], counts
+    assert counts["conv_relu_add"] == (0 if other_layout == "channels_last" else 1), counts
 
 
 class WriteAnotherInput(nn.Module):
@@ -1229,17 +1215,10 @@ def test_a_write_to_another_input_may_write_the_chains_input(path):
             gm = tfx.optimize(torch.fx.symbolic_trace(model), passes=["conv_relu_add"])
             fused = tfx.report(gm)["conv_relu_add"]
         else:
-            seen = []
-
-            def inner(g, example_inputs):
-                seen.append(tfx.report(g)["conv_relu_add"])
-                return g
-
-            torch._dynamo.reset()
-            gm = torch.compile(model, backend=tfx.make_backend(passes=["conv_relu_add"], inner=inner, choice="fused"))
+            gm, counts = compile_counting(model, ["conv_relu_add"])
         x1 = x.clone()
         got = gm(x1, o, x1.view(1, 3, 4, 4))
-        fused = fused if path == "symbolic" else sum(seen)
+        fused = fused if path == "symbolic" else counts["conv_relu_add"]
     torch.testing.assert_close(got, want)
     assert fused == 0, fused
 
