@@ -340,6 +340,25 @@ CASES = [
         v17 = F.silu(x1, inplace=True)
         return v14
 """),
+    # Known, not yet fixed: a division by a relu feeds inf into an attention
+    # with an all-true mask; eager's masked call (the math path) and
+    # custom_unmasked_attention's fused kernel propagate inf and NaN
+    # differently (48 and 40 NaNs here), in every mode.
+    case("unmasked_attention_of_non_finite_inputs", [[4, 2, 6], [4, 2, 6]], 287, {}, """        self.p0 = nn.Parameter(torch.randn(6, 6))
+        self.register_buffer("rm5", torch.zeros(2))
+        self.register_buffer("rv6", torch.ones(2))
+        self.p7 = nn.Parameter(torch.randn(2))
+    def forward(self, x0, x1):
+        v4 = F.relu(F.linear(x0, self.p0, None))
+        v8 = F.batch_norm(x1, self.rm5, self.rv6, None, self.p7, self.training, 0.1, 1e-05)
+        v10 = v8 / v4
+        v12 = v10 * torch.sigmoid(v10)
+        v31 = v12.unsqueeze(1)
+        m32 = (torch.arange(2) + 0)[None, None, :, None] >= 0
+        v33 = F.scaled_dot_product_attention(v31, v31, v31, attn_mask=m32.expand(4, 1, 2, 2))
+        return v33.squeeze(1)
+""", marks=pytest.mark.xfail(strict=True, reason="inf and NaN through custom_unmasked_attention's kernel "
+                                               "(fuzz seed 20261244 program 287)")),
 ]
 
 test_optimize_keeps_meaning = keeps_meaning_test(CASES)
