@@ -38,18 +38,11 @@ def compiled_variants(model, x):
     """{variant: (callable, fused counts)}: Inductor alone, the rewrite, each
     fused pass alone and the measured backend, each compiled and warmed."""
     import torchfuse.fx
-    from torch._inductor.compile_fx import compile_fx
+    from models import counting_inductor
 
     def build(passes, choice):
         fused = {}
-
-        def inductor(gm, example_inputs):
-            for name, n in torchfuse.fx.report(gm).items():
-                fused[name] = fused.get(name, 0) + n
-            return compile_fx(gm, example_inputs)
-
-        backend = torchfuse.fx.make_backend(passes=passes, inner=inductor, choice=choice)
-        return backend, fused
+        return torchfuse.fx.make_backend(passes=passes, inner=counting_inductor(fused), choice=choice), fused
 
     def compile_and_warm(name, backend, fused):
         t0 = time.perf_counter()

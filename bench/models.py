@@ -239,6 +239,20 @@ def specs(dry_run: bool) -> dict[str, Spec]:
     return out
 
 
+def counting_inductor(counts: dict) -> Callable:
+    """Inductor (compile_fx) as a torchfuse.fx backend's inner, adding the
+    chains each graph it compiles has fused (torchfuse.fx.report) to counts."""
+    import torchfuse.fx
+    from torch._inductor.compile_fx import compile_fx
+
+    def inductor(gm, example_inputs):
+        for name, n in torchfuse.fx.report(gm).items():
+            counts[name] = counts.get(name, 0) + n
+        return compile_fx(gm, example_inputs)
+
+    return inductor
+
+
 def check_no_dropout(model: nn.Module) -> None:
     """Train-mode results compare only with dropout and stochastic depth off."""
     for name, m in model.named_modules():
@@ -396,19 +410,12 @@ class ModelBench:
             # passes for Inductor), then Inductor as in the compile variant;
             # the wrapper records what the rewrite fused
             import torchfuse.fx
-            from torch._inductor.compile_fx import compile_fx
 
             torch._dynamo.reset()
             self.compile_fused = {}
             self.compile_choices = len(torchfuse.fx.measured_choices())
-
-            def inductor(gm, example_inputs):
-                for name, n in torchfuse.fx.report(gm).items():
-                    self.compile_fused[name] = self.compile_fused.get(name, 0) + n
-                return compile_fx(gm, example_inputs)
-
             return torch.compile(model, backend=torchfuse.fx.make_backend(
-                passes=torchfuse.fx.backend_passes("inductor"), inner=inductor))
+                passes=torchfuse.fx.backend_passes("inductor"), inner=counting_inductor(self.compile_fused)))
         if v in ("torchfuse", "torchfuse_freeze"):
             import torchfuse
 
