@@ -3,8 +3,10 @@
 // call whose boolean mask the graph proves true everywhere, which masks
 // nothing.
 //
-// NB: where nothing is recorded for autograd (no_grad, inference mode, or
-// no input that requires grad: a frozen model's inference) it calls
+// NB: on a device whose unmasked call gives NaN and Inf where the masked
+// one does (CUDA; not the CPU: unmaskedKeepsNonFinite), where nothing is
+// recorded for autograd (no_grad, inference mode, or no input that
+// requires grad: a frozen model's inference) it calls
 // scaled_dot_product_attention without a mask, so that ATen runs its fused
 // flash, memory-efficient or cuDNN kernels.  Where autograd records and
 // ATen would run such a kernel for the unmasked call (training), it runs
@@ -13,8 +15,8 @@
 // forces (transformers traces an [L, 1] column expanded: stride 0 in its
 // last dim): the fused kernels have no double backward, so a backward that
 // records a graph (create_graph=True) gives the math path's derivatives,
-// which are differentiable again.  Elsewhere (the unmasked call would take
-// the math path too) it passes a mask that is true everywhere with the
+// which are differentiable again.  Elsewhere (the CPU, or the unmasked call
+// would take the math path too) it passes a mask that is true everywhere with the
 // original's strides, so that ATen picks the backend it picked for the
 // original.
 //
@@ -157,6 +159,15 @@ bool fusedKernelRuns(
   }
 }
 
+// Whether the unmasked call gives NaN and Inf where the masked one does, on
+// query's device.  NB: not on the CPU, whose flash kernel (the unmasked
+// call's) gives 0 in a row of scores that a NaN in the query made NaN,
+// where the masked call's math gives NaN (fuzz seed 20261244 program 287):
+// there the op makes the masked call, as the original.
+bool unmaskedKeepsNonFinite(const at::Tensor& query) {
+  return query.device().type() != at::kCPU;
+}
+
 // Autocast's own cast of the call's inputs, where autocast is on for their
 // device: scaled_dot_product_attention is a lower-precision op on CPU and
 // CUDA.  Made here, before the call, so that FusedAttentionFunction saves
@@ -187,13 +198,19 @@ at::Tensor unmaskedAttention(
   const auto value = autocastInput(value_in);
   const bool recorded = c10::GradMode::is_enabled() &&
       (query.requires_grad() || key.requires_grad() || value.requires_grad());
-  if (!recorded || query.dim() < 2 || key.dim() < 2) {
+  if (query.dim() < 2 || key.dim() < 2) {
     // NB: a rank ATen rejects gets ATen's error from the unmasked call.
     return at::scaled_dot_product_attention(
         query, key, value, std::nullopt, 0.0, false, scale, enable_gqa);
   }
-  if (fusedKernelRuns(query, key, value, scale, enable_gqa)) {
-    return FusedAttentionFunction::apply(query, key, value, scale, enable_gqa);
+  if (unmaskedKeepsNonFinite(query)) {
+    if (!recorded) {
+      return at::scaled_dot_product_attention(
+          query, key, value, std::nullopt, 0.0, false, scale, enable_gqa);
+    }
+    if (fusedKernelRuns(query, key, value, scale, enable_gqa)) {
+      return FusedAttentionFunction::apply(query, key, value, scale, enable_gqa);
+    }
   }
   // [..., L, S], the attention weights' shape, true everywhere
   auto sizes = query.sym_sizes().vec();

@@ -3,9 +3,10 @@ scaled_dot_product_attention call whose attn_mask the graph proves a boolean
 mask true everywhere (transformers traces one for BERT without an
 attention_mask, which keeps ATen's fused attention kernels out) becomes
 torchfuse::custom_unmasked_attention; every other call stays.  Each rule that
-keeps a call has a negative test here.  The op runs the unmasked call, also
-where autograd records and ATen would run a fused kernel for it, with the
-math path's derivatives for a backward that records a graph; elsewhere a
+keeps a call has a negative test here.  On CUDA the op runs the unmasked
+call, also where autograd records and ATen would run a fused kernel for it,
+with the math path's derivatives for a backward that records a graph;
+elsewhere (the CPU included, whose flash kernel maps NaN rows to 0) a
 masked call as the original's."""
 
 import copy
@@ -277,13 +278,47 @@ def bert_like_mask(q, k):
     return (torch.arange(q.size(-2), device=q.device)[:, None] >= 0).expand(*q.shape[:-1], k.size(-2))
 
 
+def non_finite_qkv(seed=0, device="cpu", dtype=torch.float32):
+    """qkv with a NaN in one query row, +inf in a key and -inf in a value."""
+    q, k, v = (t.to(device, dtype) for t in qkv(seed))
+    q[0, 1, 2, 3] = float("nan")
+    k[1, 0, 4, 1] = float("inf")
+    v[1, 2, 0, 5] = -float("inf")
+    return q, k, v
+
+
+def same_non_finite(a, b):
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.isinf(), b.isinf())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_op_without_autograd_is_the_unmasked_call(dtype):
-    q, k, v = (t.to(dtype) for t in qkv(1))
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "autograd"])
+def test_cpu_op_is_the_masked_call(dtype, grad):
+    """On the CPU (unmaskedKeepsNonFinite): the unmasked call's flash kernel
+    gives 0 where a NaN in the query made a row of scores NaN, and the masked
+    call NaN (fuzz seed 20261244 program 287), so the op makes the masked
+    call: values, NaN and Inf, and gradients bit for bit, with and without
+    autograd."""
+    for inputs in (qkv(1), non_finite_qkv(1)):
+        leaves = [t.to(dtype).requires_grad_(grad) for t in inputs]
+        mine = [t.detach().clone().requires_grad_(grad) for t in leaves]
+        with torch.set_grad_enabled(grad):
+            want = F.scaled_dot_product_attention(*leaves, attn_mask=bert_like_mask(leaves[0], leaves[1]))
+            got = OP(*mine)
+        assert torch.equal(got.nan_to_num(), want.nan_to_num()) and same_non_finite(got, want)
+        if grad:
+            gy = torch.randn(want.shape, dtype=dtype, generator=torch.Generator().manual_seed(3))
+            for a, b in zip(torch.autograd.grad(got, mine, gy), torch.autograd.grad(want, leaves, gy)):
+                assert torch.equal(a.nan_to_num(), b.nan_to_num()) and same_non_finite(a, b)
+    # NB: that the test can fail: the unmasked call differs from the masked one
+    q, k, v = non_finite_qkv(1)
     with torch.no_grad():
-        torch.testing.assert_close(OP(q, k, v), F.scaled_dot_product_attention(q, k, v), rtol=0, atol=0)
-        torch.testing.assert_close(OP(q, k, v, scale=0.3), F.scaled_dot_product_attention(q, k, v, scale=0.3),
-                                   rtol=0, atol=0)
+        unmasked = F.scaled_dot_product_attention(q, k, v)
+        masked = F.scaled_dot_product_attention(q, k, v, attn_mask=bert_like_mask(q, k))
+    assert not same_non_finite(unmasked, masked)
+    with torch.no_grad():
+        torch.testing.assert_close(OP(q, k, v, scale=0.3), F.scaled_dot_product_attention(
+            q, k, v, attn_mask=bert_like_mask(q, k), scale=0.3), rtol=0, atol=0, equal_nan=True)
 
 
 def second(gs, xs):
@@ -295,20 +330,52 @@ def second(gs, xs):
         return type(e)
 
 
-def test_op_under_autograd_runs_the_fused_kernel_and_a_differentiable_backward():
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_op_without_autograd_is_the_unmasked_call():
+    q, k, v = (t.cuda().half() for t in qkv(1))
+    with torch.no_grad():
+        torch.testing.assert_close(OP(q, k, v), F.scaled_dot_product_attention(q, k, v), rtol=0, atol=0)
+        torch.testing.assert_close(OP(q, k, v, scale=0.3), F.scaled_dot_product_attention(q, k, v, scale=0.3),
+                                   rtol=0, atol=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "autograd"])
+def test_cuda_op_gives_nan_and_inf_where_the_masked_call_does(dtype, grad):
+    """unmaskedKeepsNonFinite on CUDA: the fused kernels of the unmasked
+    call give NaN and Inf where the original's masked call does, in the
+    output and the gradients."""
+    leaves = [t.requires_grad_(grad) for t in non_finite_qkv(2, "cuda", dtype)]
+    mine = [t.detach().clone().requires_grad_(grad) for t in leaves]
+    with torch.set_grad_enabled(grad):
+        want = F.scaled_dot_product_attention(*leaves, attn_mask=bert_like_mask(leaves[0], leaves[1]))
+        got = OP(*mine)
+    assert same_non_finite(got, want)
+    if grad:
+        gy = torch.randn(want.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(3)).to(dtype)
+        for a, b in zip(torch.autograd.grad(got, mine, gy), torch.autograd.grad(want, leaves, gy)):
+            assert same_non_finite(a, b)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_op_under_autograd_runs_the_fused_kernel_and_a_differentiable_backward():
     """Where autograd records and ATen runs a fused kernel for the unmasked
-    call (CPU: flash attention): the unmasked call's output and gradients,
-    bit for bit; a backward that records a graph gives the math path's
-    gradients, whose second derivatives exist (the fused kernels have none)."""
-    leaves = [t.double().requires_grad_() for t in qkv(2)]
+    call: the unmasked call's output bit for bit, and its gradients; a
+    backward that records a graph gives the math path's gradients, whose
+    second derivatives exist (the fused kernels have none)."""
+    leaves = [t.cuda().half().requires_grad_() for t in qkv(2)]
     mine = [t.detach().clone().requires_grad_() for t in leaves]
     want = F.scaled_dot_product_attention(*leaves)
     got = OP(*mine)
     assert torch.equal(got, want)
-    gy = torch.randn(want.shape, dtype=want.dtype, generator=torch.Generator().manual_seed(3))
+    gy = torch.randn(want.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(3)).half()
     for a, b in zip(torch.autograd.grad(got, mine, gy, retain_graph=True),
                     torch.autograd.grad(want, leaves, gy, retain_graph=True)):
-        assert torch.equal(a, b)
+        torch.testing.assert_close(a, b)
     assert isinstance(second(torch.autograd.grad(want, leaves, gy, create_graph=True), leaves), type)
 
     math = [t.detach().clone().requires_grad_() for t in leaves]
