@@ -9,8 +9,8 @@ PyTorch's default flags): `compile` (Inductor alone); `rewrite` (the
 backend's default passes for Inductor, the rewrite always kept,
 choice="fused"); `rewrite:<pass>` for each pass that fused a chain, alone;
 `measured` (the default backend, whose measured choice decides in its first
-27 calls, recorded with its block times).  Each variant is warmed with 30
-calls, its output compared with `compile`'s, then all are timed in
+torchfuse.fx.TRIAL_CALLS calls, recorded with its block times).  Each
+variant is warmed past those calls, its output compared with `compile`'s, then all are timed in
 alternating rounds (each round: `--calls` calls of each variant, each timed
 with CUDA events); a variant's time is the median of all its calls, and its
 ratio is `compile`'s median over its own (> 1: faster than Inductor)."""
@@ -31,7 +31,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 CNNS = ["resnet50", "mobilenet_v3_large", "efficientnet_b0", "vgg16"]
-WARM_CALLS = 30  # past the measured choice's 27
 
 
 def compiled_variants(model, x):
@@ -40,6 +39,7 @@ def compiled_variants(model, x):
     import torchfuse.fx
     from models import counting_inductor
 
+    warm_calls = torchfuse.fx.TRIAL_CALLS + 3  # past the measured choice
     def build(passes, choice):
         fused = {}
         return torchfuse.fx.make_backend(passes=passes, inner=counting_inductor(fused), choice=choice), fused
@@ -48,7 +48,7 @@ def compiled_variants(model, x):
         t0 = time.perf_counter()
         fn = torch.compile(copy.deepcopy(model), backend=backend) if backend else torch.compile(copy.deepcopy(model))
         with torch.no_grad():
-            for _ in range(WARM_CALLS):
+            for _ in range(warm_calls):
                 fn(x)
         torch.cuda.synchronize()
         print(f"  {name:28s} compiled and warmed in {time.perf_counter() - t0:5.1f} s, fused {fused}", flush=True)
@@ -73,6 +73,7 @@ def compiled_variants(model, x):
 
 def measure(name: str, dtype_name: str, rounds: int, calls: int) -> dict:
     import models
+    import torchfuse.fx
 
     spec = models.specs(False)[name]
     dt = DTYPES[dtype_name]
@@ -98,7 +99,8 @@ def measure(name: str, dtype_name: str, rounds: int, calls: int) -> dict:
     return {"model": name, "dtype": dtype_name, "input": list(spec.input_shape), "median_ms": med,
             "speedup_vs_compile": {v: med["compile"] / t for v, t in med.items()},
             "fused": {v: {k: n for k, n in f.items() if n} for v, (_, f) in variants.items()},
-            "rel_diff_vs_compile": diffs, "measured_choices": choices, "calls_timed": len(times["compile"])}
+            "rel_diff_vs_compile": diffs, "measured_choices": choices, "calls_timed": len(times["compile"]),
+            "trial_calls": torchfuse.fx.TRIAL_CALLS}
 
 
 # ----------------------------------------------------------------- report ----
@@ -106,15 +108,17 @@ def measure(name: str, dtype_name: str, rounds: int, calls: int) -> dict:
 def markdown_section(data: dict, png_rel=None, level: int = 2) -> str:
     """bench/report.py's section of a results JSON of this script."""
     h = "#" * level
+    # NB: 27, the protocol's length before the rows recorded it
+    trial = max([r.get("trial_calls", 27) for r in data["rows"]], default=27)
     out = [f"{h} torch.compile: the FX rewrite against Inductor's own code ({data['gpu']})", "",
            f"- torch {data['torch']}; commit `{data['commit']}`, {data['date']}",
            f"- Produced by `{data['command']}`",
            "- Eval, the model's dtype; each variant its own torch.compile of a copy of the model (default mode, "
-           "PyTorch's default flags), warmed with 30 calls, then all timed in alternating rounds, each call with "
-           "CUDA events; median ms of all its calls. *× compile*: Inductor alone's median over the variant's "
-           "(> 1: faster). *rewrite*: the backend's default passes for Inductor at that commit, always kept; "
-           "*rewrite:<pass>*: that pass alone; *measured*: the default backend, which keeps the rewrite only "
-           "where its first 27 calls measured it faster.", "",
+           "PyTorch's default flags), warmed past the measured choice, then all timed in alternating rounds, "
+           "each call with CUDA events; median ms of all its calls. *× compile*: Inductor alone's median over "
+           "the variant's (> 1: faster). *rewrite*: the backend's default passes for Inductor at that commit, "
+           "always kept; *rewrite:<pass>*: that pass alone; *measured*: the default backend, which keeps the "
+           f"rewrite only where its first {trial} calls measured it faster.", "",
            "| Model | dtype | variant | fused | ms | × compile |", "|---|---|---|---|---|---|"]
     for r in data["rows"]:
         for v, ms in r["median_ms"].items():

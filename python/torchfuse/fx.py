@@ -1363,12 +1363,24 @@ def optimize_exported(ep: "torch.export.ExportedProgram", *,
 _MAX_CHOICES = 64
 _choices: List["_ChoiceState"] = []
 
+# The protocol of make_backend(choice="measured"): longer than the
+# TorchScript layout trial's (2 calls settle, 5 blocks of 2 calls each way).
+# NB: measured on the H200 (docs/performance.md): just after a compile, blocks
+# of 2 calls timed efficientnet_b0's rewrite 5% faster than Inductor's code
+# (fp32), where it ran at 0.61x from then on; the calls just after a compile
+# are not those of the steady state, and the rewrite's calls varied by 30%
+# from one to the next.  Blocks of 8 calls, after 16 of the original.
+_PROTOCOL = {"settle": 16, "warm": 4, "blocks": 4, "calls_per_block": 8}
+# Calls until decided: the trial's, and the one that resolves.
+TRIAL_CALLS = (_PROTOCOL["settle"] + _PROTOCOL["warm"]
+               + 2 * _PROTOCOL["blocks"] * _PROTOCOL["calls_per_block"] + 1)
+
 
 class _ChoiceState:
     def __init__(self, counts: Dict[str, int]):
         from torchfuse import _C
 
-        self.choice = _C.MeasuredChoice()
+        self.choice = _C.MeasuredChoice(**_PROTOCOL)
         self.counts = {k: v for k, v in counts.items() if v}
         self.blocks_ms: List[float] = []
 
@@ -1383,8 +1395,9 @@ class _MeasuredGraph:
     """A compiled graph that runs as the compiled rewrite (the candidate)
     or the compiled original, chosen by timing the calls themselves with
     the protocol of the TorchScript layout trial (ops/common/
-    measured_choice.h): the first calls run the original, then both
-    alternate, then timed blocks of calls of each; the rewrite is kept only
+    measured_choice.h) with longer blocks (_PROTOCOL): the first calls run
+    the original, then both alternate, then timed blocks of calls of each
+    (TRIAL_CALLS in all); the rewrite is kept only
     where its median block is at least the protocol's margin faster.  A
     block's time runs from its first call's start to the next block's (CUDA
     events on the current stream), so in training it holds the backward and
@@ -1490,7 +1503,7 @@ def make_backend(passes: Optional[Iterable[str]] = None, inner: Any = "inductor"
     rewrite changed twice, with and without the rewrite, and times the
     calls to keep the rewrite only where it is faster than ``inner``'s own
     code (see :func:`measured_choices`; twice the compile time, and the
-    first 27 calls run either); on the CPU, under deterministic algorithms
+    first ``TRIAL_CALLS`` calls, 85, run either); on the CPU, under deterministic algorithms
     (where the original is kept) or where nothing was fused, it compiles
     once.  ``"fused"`` always keeps the rewrite.
 

@@ -751,7 +751,7 @@ def test_measured_choice_follows_the_layout_trials_protocol():
 def test_measured_graph_alternates_then_keeps_the_faster(monkeypatch, fused_ms):
     """_MeasuredGraph on a fake clock (each call advances it by its graph's
     time; the events read it): the calls run the protocol's sequence, the
-    27th decides, and from then on only the chosen graph runs, the other
+    TRIAL_CALLS-th decides, and from then on only the chosen graph runs, the other
     one released."""
     clock, ran = [0.0], []
 
@@ -780,15 +780,15 @@ def test_measured_graph_alternates_then_keeps_the_faster(monkeypatch, fused_ms):
 
     before = len(tfx.measured_choices())
     g = tfx._MeasuredGraph(graph("fused", fused_ms), graph("original", 2.0), {"gate_mul": 2, "relu": 0})
-    assert all(g(i) == i + 1 for i in range(30))
-    abba = [b for b in "FOOFFOOFFO" for _ in range(2)]  # 5 blocks each way, 2 calls per block
+    assert all(g(i) == i + 1 for i in range(tfx.TRIAL_CALLS + 3))
+    abba = [b for b in "FOOFFOOF" for _ in range(8)]  # 4 blocks each way, 8 calls per block
     wins = fused_ms < 2.0 * 0.97
-    want = list("OO" + "FOFO") + abba + ["F" if wins else "O"] * 4
-    assert [r[0].upper() for r in ran] == want
+    want = list("O" * 16 + "FOFO") + abba + ["F" if wins else "O"] * 4
+    assert [r[0].upper() for r in ran] == want and len(want) == tfx.TRIAL_CALLS + 3
     (state,) = tfx.measured_choices()[before:]
-    blocks = [pytest.approx(2 * fused_ms if b == "F" else 4.0) for b in "FOOFFOOFFO"]
-    assert state == {"fused": {"gate_mul": 2}, "calls": 27, "chosen_fused": wins,
-                     "original_ms": pytest.approx(4.0), "fused_ms": pytest.approx(2 * fused_ms),
+    blocks = [pytest.approx(8 * fused_ms if b == "F" else 16.0) for b in "FOOFFOOF"]
+    assert state == {"fused": {"gate_mul": 2}, "calls": tfx.TRIAL_CALLS, "chosen_fused": wins,
+                     "original_ms": pytest.approx(16.0), "fused_ms": pytest.approx(8 * fused_ms),
                      "blocks_ms": blocks}
     assert g._fns is None and g._stamps == []
 
@@ -922,7 +922,7 @@ def test_measured_backend_chooses_between_graphs_that_compute_the_same(train):
     old = torch.backends.cudnn.allow_tf32
     torch.backends.cudnn.allow_tf32 = False
     try:
-        for i in range(30):
+        for i in range(tfx.TRIAL_CALLS + 3):
             x = torch.randn(2, 3, 6, 7, device="cuda").requires_grad_(train)
             xo = x.detach().clone().requires_grad_(train)
             with torch.set_grad_enabled(train):
@@ -943,7 +943,7 @@ def test_measured_backend_chooses_between_graphs_that_compute_the_same(train):
         torch.backends.cudnn.allow_tf32 = old
     assert len(compiled) == 2 and sum(compiled[0].values()) > 0 and sum(compiled[1].values()) == 0, compiled
     (state,) = tfx.measured_choices()[before:]
-    assert state["chosen_fused"] in (True, False) and state["calls"] == 27, state
+    assert state["chosen_fused"] in (True, False) and state["calls"] == tfx.TRIAL_CALLS, state
     assert state["original_ms"] > 0 and state["fused_ms"] > 0, state
     assert state["fused"] == {k: v for k, v in compiled[0].items() if v}, state
 
