@@ -3,22 +3,19 @@
 // call whose boolean mask the graph proves true everywhere, which masks
 // nothing.
 //
-// NB: on a device whose unmasked call gives NaN and Inf where the masked
-// one does (CUDA; not the CPU: unmaskedKeepsNonFinite), where nothing is
-// recorded for autograd (no_grad, inference mode, or no input that
-// requires grad: a frozen model's inference) it calls
-// scaled_dot_product_attention without a mask, so that ATen runs its fused
-// flash, memory-efficient or cuDNN kernels.  Where autograd records and
-// ATen would run such a kernel for the unmasked call (training), it runs
-// that call too, forward and backward (FusedAttentionFunction), so that a
-// training step does not take the math path, which the original's mask
-// forces (transformers traces an [L, 1] column expanded: stride 0 in its
-// last dim): the fused kernels have no double backward, so a backward that
-// records a graph (create_graph=True) gives the math path's derivatives,
-// which are differentiable again.  Elsewhere (the CPU, or the unmasked call
-// would take the math path too) it passes a mask that is true everywhere with the
-// original's strides, so that ATen picks the backend it picked for the
-// original.
+// NB: where ATen runs the unmasked call by flash attention on CUDA, whose
+// NaN and Inf are the masked call's (unmaskedKeepsNonFinite), it makes that
+// call: where nothing is recorded for autograd (no_grad, inference mode, or
+// no input that requires grad: a frozen model's inference) as it is, and
+// where autograd records (training) forward and backward
+// (FusedAttentionFunction), so that a training step does not take the math
+// path, which the original's mask forces (transformers traces an [L, 1]
+// column expanded: stride 0 in its last dim): the fused kernels have no
+// double backward, so a backward that records a graph (create_graph=True)
+// gives the math path's derivatives, which are differentiable again.
+// Elsewhere (the CPU, float32 on CUDA, the math path) it passes a mask that
+// is true everywhere with the original's strides, so that ATen picks the
+// backend it picked for the original.
 //
 // NB: CompositeImplicitAutograd, as scaled_dot_product_attention: it is made
 // of ATen calls, so it runs on every backend (Meta included), and autocast
@@ -141,31 +138,32 @@ class FusedAttentionFunction : public torch::autograd::Function<FusedAttentionFu
   }
 };
 
-// Whether ATen would run the unmasked call by a fused kernel.  NB: where
-// the choice raises (every backend disabled, say), the masked call raises
-// the original's error.
-bool fusedKernelRuns(
+// Whether the unmasked call gives NaN and Inf where the original's masked
+// call does: only where ATen runs it by flash attention on CUDA.  Measured
+// on the H200 (float16 and bfloat16, a NaN in a query, +inf in a key, -inf
+// in a value): flash's output and gradients are NaN and Inf where the
+// masked call's (the math path) are.  Not so the memory-efficient kernel
+// (float32 on CUDA: NaN where the masked call gives -inf, and where it gives
+// finite values), nor the CPU's flash kernel (0 in a row that a NaN in the
+// query made NaN; fuzz seed 20261244 program 287); cuDNN's is not measured.
+// NB: where the choice raises (every backend disabled, say), the masked call
+// raises the original's error.
+bool unmaskedKeepsNonFinite(
     const at::Tensor& query,
     const at::Tensor& key,
     const at::Tensor& value,
     std::optional<double> scale,
     bool enable_gqa) {
+  if (!query.is_cuda()) {
+    return false;
+  }
   try {
-    const auto backend = static_cast<at::SDPBackend>(
-        at::_fused_sdp_choice(query, key, value, std::nullopt, 0.0, false, scale, enable_gqa));
-    return backend != at::SDPBackend::math && backend != at::SDPBackend::error;
+    return static_cast<at::SDPBackend>(at::_fused_sdp_choice(
+               query, key, value, std::nullopt, 0.0, false, scale, enable_gqa)) ==
+        at::SDPBackend::flash_attention;
   } catch (const c10::Error&) {
     return false;
   }
-}
-
-// Whether the unmasked call gives NaN and Inf where the masked one does, on
-// query's device.  NB: not on the CPU, whose flash kernel (the unmasked
-// call's) gives 0 in a row of scores that a NaN in the query made NaN,
-// where the masked call's math gives NaN (fuzz seed 20261244 program 287):
-// there the op makes the masked call, as the original.
-bool unmaskedKeepsNonFinite(const at::Tensor& query) {
-  return query.device().type() != at::kCPU;
 }
 
 // Autocast's own cast of the call's inputs, where autocast is on for their
@@ -203,14 +201,10 @@ at::Tensor unmaskedAttention(
     return at::scaled_dot_product_attention(
         query, key, value, std::nullopt, 0.0, false, scale, enable_gqa);
   }
-  if (unmaskedKeepsNonFinite(query)) {
-    if (!recorded) {
-      return at::scaled_dot_product_attention(
-          query, key, value, std::nullopt, 0.0, false, scale, enable_gqa);
-    }
-    if (fusedKernelRuns(query, key, value, scale, enable_gqa)) {
-      return FusedAttentionFunction::apply(query, key, value, scale, enable_gqa);
-    }
+  if (unmaskedKeepsNonFinite(query, key, value, scale, enable_gqa)) {
+    return recorded ? FusedAttentionFunction::apply(query, key, value, scale, enable_gqa)
+                    : at::scaled_dot_product_attention(
+                          query, key, value, std::nullopt, 0.0, false, scale, enable_gqa);
   }
   // [..., L, S], the attention weights' shape, true everywhere
   auto sizes = query.sym_sizes().vec();

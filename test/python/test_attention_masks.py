@@ -3,11 +3,11 @@ scaled_dot_product_attention call whose attn_mask the graph proves a boolean
 mask true everywhere (transformers traces one for BERT without an
 attention_mask, which keeps ATen's fused attention kernels out) becomes
 torchfuse::custom_unmasked_attention; every other call stays.  Each rule that
-keeps a call has a negative test here.  On CUDA the op runs the unmasked
-call, also where autograd records and ATen would run a fused kernel for it,
-with the math path's derivatives for a backward that records a graph;
-elsewhere (the CPU included, whose flash kernel maps NaN rows to 0) a
-masked call as the original's."""
+keeps a call has a negative test here.  Where ATen runs the unmasked call
+by flash attention on CUDA the op makes that call, also where autograd
+records, with the math path's derivatives for a backward that records a
+graph; elsewhere (the CPU, whose flash kernel maps NaN rows to 0, and
+float32 on CUDA) a masked call as the original's."""
 
 import copy
 import warnings
@@ -345,9 +345,11 @@ def test_cuda_op_without_autograd_is_the_unmasked_call():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "autograd"])
 def test_cuda_op_gives_nan_and_inf_where_the_masked_call_does(dtype, grad):
-    """unmaskedKeepsNonFinite on CUDA: the fused kernels of the unmasked
-    call give NaN and Inf where the original's masked call does, in the
-    output and the gradients."""
+    """unmaskedKeepsNonFinite on CUDA: the op's NaN and Inf are where the
+    original's masked call has them, in the output and the gradients: by
+    flash attention's unmasked call in float16 and bfloat16, by the masked
+    call in float32 (the memory-efficient kernel's unmasked call gives NaN
+    where the masked call gives -inf or finite values)."""
     leaves = [t.requires_grad_(grad) for t in non_finite_qkv(2, "cuda", dtype)]
     mine = [t.detach().clone().requires_grad_(grad) for t in leaves]
     with torch.set_grad_enabled(grad):
