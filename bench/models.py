@@ -594,14 +594,21 @@ class ModelBench:
 
         return model, fn, step, reset
 
-    def warm_runs(self) -> int:
+    def warm_runs(self, variant: str) -> int:
         """Warm-up runs: the compile, the profiling executor's profiling
         and optimizing runs, and on CUDA the trials of torchfuse's measured
-        layout choices (unfrozen graphs, layout="auto": the profiling runs,
-        the optimizing run, 4 alternating and 20 timed calls, and the call
-        that decides)."""
+        choices: the layout's (unfrozen graphs, layout="auto": the profiling
+        runs, the optimizing run, 4 alternating and 20 timed calls, and the
+        call that decides) and, for torchfuse_compile, torchfuse.fx's
+        (TRIAL_CALLS)."""
         profiled = torch._C._jit_get_num_profiled_runs()
-        trial = profiled + 1 + 4 + 20 + 1 if self.device.type == "cuda" else 0
+        trial = 0
+        if self.device.type == "cuda":
+            trial = profiled + 1 + 4 + 20 + 1
+            if variant == "torchfuse_compile":
+                import torchfuse.fx
+
+                trial = max(trial, torchfuse.fx.TRIAL_CALLS)
         return max(self.args.warmup, profiled + 2, trial)
 
     def interleaved(self, spec: Spec, mode: str, v: str, base: str, ref: Reference) -> dict:
@@ -613,8 +620,8 @@ class ModelBench:
         gys = [g.to(self.device) for g in ref.gys] if ref.gys else None
         xs = [x0] + [self.make_input(spec, mode_dtype(mode)[2], 101 + i) for i in range(self.n_inputs(x0) - 1)]
         runs = {w: self.stepper(spec, mode, w, x0, gys) for w in (base, v)}
-        for _, _, step, reset in runs.values():
-            for _ in range(self.warm_runs()):
+        for w, (_, _, step, reset) in runs.items():
+            for _ in range(self.warm_runs(w)):
                 reset()
                 step(x0)
         self.timer.sync()
@@ -645,7 +652,7 @@ class ModelBench:
         setup_s = time.perf_counter() - t0
 
         # warm-up on the verification input
-        warm = self.warm_runs()
+        warm = self.warm_runs(v)
         t0 = time.perf_counter()
         reset()
         step(x0)

@@ -781,14 +781,18 @@ def test_measured_graph_alternates_then_keeps_the_faster(monkeypatch, fused_ms):
     before = len(tfx.measured_choices())
     g = tfx._MeasuredGraph(graph("fused", fused_ms), graph("original", 2.0), {"gate_mul": 2, "relu": 0})
     assert all(g(i) == i + 1 for i in range(tfx.TRIAL_CALLS + 3))
-    abba = [b for b in "FOOFFOOF" for _ in range(8)]  # 4 blocks each way, 8 calls per block
+    p = tfx._PROTOCOL
+    order = "".join("F" if b % 4 in (0, 3) else "O" for b in range(2 * p["blocks"]))  # ABBA
+    abba = [b for b in order for _ in range(p["calls_per_block"])]
     wins = fused_ms < 2.0 * 0.97
-    want = list("O" * 16 + "FOFO") + abba + ["F" if wins else "O"] * 4
+    warm = ["F" if w % 2 == 0 else "O" for w in range(p["warm"])]
+    want = ["O"] * p["settle"] + warm + abba + ["F" if wins else "O"] * 4
     assert [r[0].upper() for r in ran] == want and len(want) == tfx.TRIAL_CALLS + 3
     (state,) = tfx.measured_choices()[before:]
-    blocks = [pytest.approx(8 * fused_ms if b == "F" else 16.0) for b in "FOOFFOOF"]
+    n = p["calls_per_block"]
+    blocks = [pytest.approx(n * fused_ms if b == "F" else n * 2.0) for b in order]
     assert state == {"fused": {"gate_mul": 2}, "calls": tfx.TRIAL_CALLS, "chosen_fused": wins,
-                     "original_ms": pytest.approx(16.0), "fused_ms": pytest.approx(8 * fused_ms),
+                     "original_ms": pytest.approx(n * 2.0), "fused_ms": pytest.approx(n * fused_ms),
                      "blocks_ms": blocks}
     assert g._fns is None and g._stamps == []
 
@@ -863,19 +867,21 @@ def test_aot_backend_leaves_out_fusions_it_traces_through(monkeypatch):
         compiled.clear()
 
 
-def test_inductor_backend_leaves_out_chains_inductor_fuses_itself():
+def test_inductor_backend_leaves_out_chains_whose_op_saves_no_kernel():
     """For Inductor, the chains of pointwise ops and normalizations (which it
-    fuses itself) are left out by default; those that start at a
-    convolution or a matmul stay, and every pass can still be named."""
+    fuses itself) and conv_add_act (ATen's convolution and one pass, as
+    Inductor's code) are left out by default; the others stay, and every
+    pass can still be named."""
     def inner(gm, example_inputs):
         return gm
 
     got = tfx.backend_passes("inductor")
     assert got == [n for n in tfx.backend_passes("aot_eager")
-                   if n not in ("gate_mul", "add_layer_norm", "batch_norm_add_div_swish")], got
-    assert {"conv_relu_add", "conv_add_act", "conv_act_max_pool", "linear_add_relu", "linear_act"} <= set(got)
-    assert "gate_mul" in tfx.backend_passes(inner) and "add_layer_norm" in tfx.backend_passes(inner)
-    assert tfx._INDUCTOR_GENERATED <= set(tfx.pass_names())
+                   if n not in ("gate_mul", "add_layer_norm", "batch_norm_add_div_swish", "conv_add_act")], got
+    assert {"conv_relu_add", "conv_act_max_pool", "linear_add_relu", "linear_act"} <= set(got)
+    for name in ("gate_mul", "add_layer_norm", "conv_add_act"):
+        assert name in tfx.backend_passes(inner) and name in tfx.backend_passes("aot_eager"), name
+    assert tfx._INDUCTOR_NO_GAIN <= set(tfx.pass_names())
 
 
 def test_backend_choice_is_checked():
