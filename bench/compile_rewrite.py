@@ -7,7 +7,10 @@ per model and per fusion kind (CNNs of bench/models.py, eval, CUDA):
 Variants, each its own torch.compile of a copy of the model (default mode,
 PyTorch's default flags): `compile` (Inductor alone); `rewrite` (the
 backend's default passes for Inductor, the rewrite always kept,
-choice="fused"); `rewrite:<pass>` for each pass that fused a chain, alone;
+choice="fused"); `rewrite:all` (every pass whose op Inductor compiles as
+such, backend_passes("aot_eager"), those Inductor's defaults leave out
+included); `rewrite:<pass>` for each pass that fused a chain there, alone
+(where more than one did);
 `measured` (the default backend, whose measured choice decides in its first
 torchfuse.fx.TRIAL_CALLS calls, recorded with its block times).  Each
 variant is warmed past those calls, its output compared with `compile`'s, then all are timed in
@@ -40,6 +43,7 @@ def compiled_variants(model, x):
     from models import counting_inductor
 
     warm_calls = torchfuse.fx.TRIAL_CALLS + 3  # past the measured choice
+
     def build(passes, choice):
         fused = {}
         return torchfuse.fx.make_backend(passes=passes, inner=counting_inductor(fused), choice=choice), fused
@@ -62,7 +66,12 @@ def compiled_variants(model, x):
     out = {"compile": (compile_and_warm("compile", None, {}), {})}
     backend, fused = build(torchfuse.fx.backend_passes("inductor"), "fused")
     out["rewrite"] = (compile_and_warm("rewrite", backend, fused), fused)
-    for name in [k for k, n in fused.items() if n]:
+    # every pass whose op Inductor compiles as such, those its defaults
+    # leave out included; then each that fused, alone
+    backend, every = build(torchfuse.fx.backend_passes("aot_eager"), "fused")
+    out["rewrite:all"] = (compile_and_warm("rewrite:all", backend, every), every)
+    took = [k for k, n in every.items() if n]
+    for name in took if len(took) > 1 else []:
         b, f = build([name], "fused")
         out[f"rewrite:{name}"] = (compile_and_warm(f"rewrite:{name}", b, f), f)
     before = len(torchfuse.fx.measured_choices())
@@ -117,7 +126,8 @@ def markdown_section(data: dict, png_rel=None, level: int = 2) -> str:
            "PyTorch's default flags), warmed past the measured choice, then all timed in alternating rounds, "
            "each call with CUDA events; median ms of all its calls. *× compile*: Inductor alone's median over "
            "the variant's (> 1: faster). *rewrite*: the backend's default passes for Inductor at that commit, "
-           "always kept; *rewrite:<pass>*: that pass alone; *measured*: the default backend, which keeps the "
+           "always kept; *rewrite:all*: every pass whose op Inductor compiles as such, those its defaults leave "
+           "out included; *rewrite:<pass>*: that pass alone; *measured*: the default backend, which keeps the "
            f"rewrite only where its first {trial} calls measured it faster.", "",
            "| Model | dtype | variant | fused | ms | × compile |", "|---|---|---|---|---|---|"]
     for r in data["rows"]:
@@ -125,6 +135,12 @@ def markdown_section(data: dict, png_rel=None, level: int = 2) -> str:
             fused = ", ".join(f"{k} {n}" for k, n in sorted(r["fused"][v].items())) or "–"
             out.append(f"| {r['model']} | {r['dtype']} | {v} | {fused} | {ms:.3f} | "
                        f"{r['speedup_vs_compile'][v]:.3f}× |")
+    # the variants that ran compile's graph: nothing fused, or Inductor's kept
+    same = [abs(1 - r["speedup_vs_compile"][v]) for r in data["rows"] for v in r["median_ms"] if v != "compile" and (
+        not r["fused"][v] or (v == "measured" and not any(c["chosen_fused"] for c in r["measured_choices"])))]
+    if same:
+        out += ["", f"The variants that ran the graph *compile* runs (nothing fused, or the measured choice kept "
+                f"Inductor's) are up to {max(same):.1%} from 1.000×: the noise of this measurement."]
     choices = [(r, c) for r in data["rows"] for c in r["measured_choices"]]
     if choices:
         out += ["", "The measured variant's choice, and its block times in ms (2 calls each; rewrite, original, "
