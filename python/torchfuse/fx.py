@@ -1474,13 +1474,14 @@ def _traced_through(name: str) -> bool:
 # - conv_add_act: where its one cuDNN graph does not apply (the SE blocks'
 #   1x1 convolutions, for one), the op runs ATen's convolution and then one
 #   pass for the bias, the add and the activation: the two kernels Inductor
-#   runs (the extern convolution, one Triton kernel).  Measured on the H200,
-#   eval (docs/performance.md): 0.82-0.94x of Inductor alone on
-#   efficientnet_b0 and mobilenet_v3_large, fp16 and fp32, in three runs;
-#   both models are host-bound under Inductor (efficientnet_b0 fp16: 2.3 ms
-#   of GPU time in a 6 ms call), where a call's host work decides.
-# The other chains end at a matmul's or a pooling's epilogue that Inductor
-# leaves to separate kernels.
+#   runs (the extern convolution, one Triton kernel), with more host work.
+#   Measured on the H200, eval (docs/performance.md, docs/usage.md): 0.82-
+#   0.94x of Inductor alone in 8 of 9 rows (efficientnet_b0 and
+#   mobilenet_v3_large, fp16 and fp32, four runs), 1.015x in the ninth; the
+#   models are host-bound there (efficientnet_b0 fp16: 2.3 ms of GPU time in
+#   a 3.1 ms call).
+# The others stay, for the measured choice to decide; of them only
+# linear_act was measured under Inductor (1.02-1.04x on mobilenet_v3_large).
 _INDUCTOR_NO_GAIN = {"gate_mul", "add_layer_norm", "batch_norm_add_div_swish", "relu", "conv_add_act"}
 
 
