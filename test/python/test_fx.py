@@ -697,6 +697,53 @@ def test_resnet18(path):
                       "relu": 1 + len(blocks)}, counts
 
 
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("path", PATHS)
+def test_mobilenet_v3_small(path, train):
+    """torchvision's mobilenet_v3_small with every pass, float64, against
+    eager: each of its 9 squeeze-excitation blocks gives a conv_add_act (fc1
+    -> relu) and a gate_mul (fc2 -> hardsigmoid -> mul); the classifier's
+    Linear -> Hardswish a linear_act; in eval the 34 conv -> BatchNorm
+    [-> activation] a conv_batch_norm_act, in training the relus after a
+    fresh BatchNorm the relu pass."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.mobilenet_v3_small(num_classes=10).to(F64).train(train)
+    counts = check_same(model, [signed(2, 3, 32, 32)], path, train=train, passes=tfx.pass_names(), steps=1)
+    want = {"gate_mul": 9, "conv_add_act": 9, "linear_act": 1}
+    want.update({"relu": 5} if train else {"conv_batch_norm_act": 34})
+    assert {k: n for k, n in counts.items() if n} == want, counts
+
+
+class EmbedsBert(nn.Module):
+    """A tiny transformers BERT on float embeddings, so that the input can
+    take a gradient."""
+
+    def __init__(self):
+        super().__init__()
+        transformers = pytest.importorskip("transformers")
+        config = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                         intermediate_size=32, max_position_embeddings=16, return_dict=False,
+                                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        self.bert = transformers.BertModel(config, add_pooling_layer=False)
+
+    def forward(self, e):
+        return self.bert(inputs_embeds=e)[0]
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["eval", "train"])
+@pytest.mark.parametrize("path", PATHS)
+def test_tiny_bert(path, train):
+    """A two-layer transformers BERT with every pass, float64, against eager:
+    each layer's intermediate Linear -> GELU a linear_act; each layer's two
+    residual adds -> LayerNorm and the embeddings' sum -> LayerNorm an
+    add_layer_norm."""
+    torch.manual_seed(0)
+    model = EmbedsBert().to(F64).train(train)
+    counts = check_same(model, [signed(2, 7, 16)], path, train=train, passes=tfx.pass_names(), steps=1)
+    assert {k: n for k, n in counts.items() if n} == {"linear_act": 2, "add_layer_norm": 5}, counts
+
+
 class ConvBn(nn.Module):
     def __init__(self):
         super().__init__()
