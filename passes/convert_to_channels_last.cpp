@@ -198,6 +198,9 @@ class ChannelsLastConversion {
     if (module_ == nullptr ? !entryUnwritten(db) : !weightLayoutsFixed()) {
       return 0;
     }
+    if (module_ == nullptr && !noEqualConstantStays(weights)) {
+      return 0;
+    }
     const auto exits = exitPoints(db);
     if (!exits) {
       return 0;
@@ -277,6 +280,48 @@ class ChannelsLastConversion {
   }
 
   // Admits a convolution reading region value or entry `input`.
+  // noEqualConstantStays: no tensor constant left as it is holds a
+  // converted weight's values.  NB: TorchScript pools constants by their
+  // values, not their strides (ConstantPooling, which the executor's
+  // optimization runs, and torch.jit.save's constant table): the two would
+  // become one, converted or not, for both uses, and the other use's layout
+  // would change (fuzz seed 20261248 program 777: two convolutions of one
+  // weight, each with a BatchNorm of unit statistics folded in, one of them
+  // in the region).
+  bool noEqualConstantStays(const std::vector<Value*>& weights) const {
+    std::vector<at::Tensor> converted;
+    std::unordered_set<const Node*> nodes;
+    for (const Value* w : weights) {
+      converted.push_back(*constantTensor(w));
+      nodes.insert(w->node());
+    }
+    bool clash = false;
+    std::function<void(const torch::jit::Block*)> visit = [&](const torch::jit::Block* block) {
+      for (const Node* n : block->nodes()) {
+        for (const auto* b : n->blocks()) {
+          visit(b);
+        }
+        if (clash || n->kind() != c10::prim::Constant || nodes.count(n) ||
+            n->outputs().size() != 1) {
+          continue;
+        }
+        const auto t = constantTensor(n->output());
+        if (!t || !t->defined()) {
+          continue;
+        }
+        for (const auto& w : converted) {
+          if (t->sizes() == w.sizes() && t->scalar_type() == w.scalar_type() &&
+              t->device() == w.device() && t->equal(w)) {
+            clash = true;
+            break;
+          }
+        }
+      }
+    };
+    visit(graph_->block());
+    return !clash;
+  }
+
   bool admitConv(const Node* n, const ConvForm& form) const {
     if (form.transposed_arg) {
       const auto transposed = constantBool(n->input(6));

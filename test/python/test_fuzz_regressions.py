@@ -340,6 +340,28 @@ CASES = [
         v17 = F.silu(x1, inplace=True)
         return v14
 """),
+    # One weight in two convolutions, each followed by a BatchNorm of unit
+    # statistics: freezing folds them into two equal weight constants, of
+    # which the channels-last pass converted one.  torch.jit.save's constant
+    # table (and the executor's ConstantPooling) keeps one constant per value,
+    # so after a save and load the other convolution ran channels-last, and
+    # its output had channels-last strides; the pass now leaves such a graph
+    # as it is (noEqualConstantStays).
+    case("channels_last_weight_equal_to_a_constant_left_nchw", [[4, 3, 5, 4]], 777, {}, """\
+        self.bn0 = nn.BatchNorm2d(3)
+        self.conv13 = nn.Conv2d(3, 3, 3, stride=1, padding=1, dilation=1, groups=1, bias=False)
+        self.register_buffer("rm15", self.bn0.running_mean)
+        self.register_buffer("rv16", torch.ones(3))
+        self.bn23 = nn.BatchNorm2d(3, affine=False, momentum=None)
+    def forward(self, x0):
+        v1 = self.bn0(x0)
+        v14 = self.conv13(v1)
+        v17 = F.batch_norm(v14, self.rm15, self.rv16, None, None, self.training, 0.3, 1e-05)
+        v22 = F.conv2d(x0, self.conv13.weight, None, 1, 1, 1, 1)
+        v24 = self.bn23(v22)
+        v25 = v24.add_(x0, alpha=1)
+        return (v17, v25,)
+"""),
     # A division by a relu feeds inf and NaN into an attention with an
     # all-true mask: the CPU's flash kernel, which the unmasked call ran, gave
     # 0 where eager's masked call gives NaN (40 NaNs against 48); on the CPU

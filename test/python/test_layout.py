@@ -202,6 +202,47 @@ def test_region_squeezes_become_custom_spatial_mean():
     assert "custom_spatial_mean" not in str(kept.graph)
 
 
+class TiedWeightBatchNorms(nn.Module):
+    """One weight in two convolutions, each followed by a BatchNorm: freezing
+    folds each BatchNorm into a weight constant of its own.  The first
+    convolution reads the region's entry; the second reads the input beside
+    it (its result is added to the input, so it stays out of the region)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(3, 3, 3, padding=1, bias=False)
+        self.b = nn.Conv2d(3, 3, 3, padding=1, bias=False)
+        self.b.weight = self.a.weight
+        self.bn_a, self.bn_b = nn.BatchNorm2d(3, affine=False), nn.BatchNorm2d(3, affine=False)
+
+    def forward(self, x):
+        return F.relu(self.bn_a(self.a(torch.sigmoid(x)))), self.bn_b(self.b(x)).add_(x)
+
+
+@pytest.mark.parametrize("equal", [True, False], ids=["equal", "distinct"])
+def test_a_weight_equal_to_a_constant_left_as_it_is_is_not_converted(equal):
+    """noEqualConstantStays: TorchScript pools constants by their values (the
+    executor's ConstantPooling, torch.jit.save's constant table), so a
+    converted weight equal to a constant left NCHW would become one constant
+    for both: after a save and load the other convolution's output went
+    channels-last (fuzz seed 20261248 program 777).  Here the BatchNorms'
+    unit statistics fold into equal weights.  Negative: with other
+    statistics the folded weights differ, and the first converts."""
+    model = TiedWeightBatchNorms().eval()
+    if not equal:
+        model.bn_b.running_var.fill_(2.0)
+    m = optimized(model, "channels_last")
+    converted = [not w.is_contiguous() for w in conv_weights(m)]
+    assert len(converted) == 2 and any(converted) == (not equal), str(m.graph)
+    buf = io.BytesIO()
+    torch.jit.save(m, buf)
+    buf.seek(0)
+    loaded = torch.jit.load(buf)
+    for kind in ("nchw", "batch1"):
+        check(model, loaded, inputs(3)[kind])
+        check(model, m, inputs(3)[kind])
+
+
 def test_auto_keeps_nchw_on_cpu_and_keep_keeps_it_anywhere():
     model = randomize_bn(SmallCnn()).eval()
     for layout in ("auto", "keep"):
