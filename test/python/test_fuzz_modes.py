@@ -79,6 +79,36 @@ def test_the_faithful_stand_in_passes_every_mode(monkeypatch):
     assert check(monkeypatch, stand_in(program()), modes=fuzz_pass.MODES, dtypes=("float64", "float32")) == []
 
 
+# ---- NaN and Inf
+
+
+def test_nonfinite_inputs_are_drawn_from_their_own_stream():
+    """A quarter of the check seeds get copies of the inputs with NaN (and
+    maybe infinities) in some of them; the inputs themselves are not
+    touched."""
+    inputs = [torch.randn(5, 4), torch.randn(3), torch.arange(4)]
+    drawn = {seed: fuzz_modes._nonfinite_inputs(inputs, seed) for seed in range(400)}
+    poisoned = [seed for seed, bad in drawn.items() if bad is not None]
+    assert 60 < len(poisoned) < 140, len(poisoned)
+    assert all(torch.isfinite(t).all() for t in inputs[:2])
+    for seed in poisoned:
+        bad = drawn[seed]
+        assert torch.equal(bad[2], inputs[2]) and any(t.isnan().any() for t in bad[:2]), seed
+        again = fuzz_modes._nonfinite_inputs(inputs, seed)  # reproducible from the seed
+        assert all(torch.equal(a, b) or torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
+                   for a, b in zip(bad, again)), seed
+
+
+def test_a_module_that_drops_nan_fails_in_the_nonfinite_mode(monkeypatch):
+    """The optimized module maps NaN and Inf to finite values at its output:
+    alike on finite inputs, caught on the nonfinite mode's."""
+    monkeypatch.setattr(fuzz_modes, "NONFINITE_FRACTION", 1.0)
+    optimize = stand_in(program(fault=".nan_to_num()"))
+    assert check(monkeypatch, optimize, modes=("train", "eval", "frozen")) == []
+    failures = check(monkeypatch, optimize, modes=("nonfinite",))
+    assert failures and failures[0].startswith("float64 nonfinite train step 0"), failures
+
+
 # ---- tied parameters and shared buffers
 
 

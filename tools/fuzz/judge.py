@@ -62,6 +62,8 @@ class Outcome:
     shares: bool = False
     # Train and frozen modes run again with layout="channels_last" (modes.CHANNELS_LAST).
     channels_last: int = 0
+    # Train, eval and frozen modes run again on inputs with NaN and Inf (modes.NONFINITE).
+    nonfinite: int = 0
     # fx and compile modes, by mode: the graphs checked (train and eval,
     # per dtype), the dtypes whose module did not trace (symbolic_trace) or
     # whose torch.compile with a rewrite-free backend already differed from

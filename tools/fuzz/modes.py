@@ -35,9 +35,16 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 # compile: the same steps through torch.compile(m) with torchfuse.fx's
 # backend (Dynamo's graphs, the rewrite run as they are) against m (see
 # _check_fx).
-MODES = ["train", "eval", "frozen", "autocast", "double_backward", "fx", "compile"]
+# nonfinite: for NONFINITE_FRACTION of the programs, the train, eval and
+# frozen modes' steps (and the fx and compile modes', where those run) again
+# on inputs with NaN, +inf and -inf at a few elements (_nonfinite_inputs): NaN and Inf must come out where the
+# original's do (the judge's allclose takes NaN as equal only to NaN, and an
+# infinity only to itself).
+MODES = ["train", "eval", "frozen", "autocast", "double_backward", "fx", "compile", "nonfinite"]
 FX, COMPILE = "fx", "compile"
 AUTOCAST = "autocast"
+NONFINITE = "nonfinite"
+NONFINITE_FRACTION = 0.25
 # The frozen and train modes' variant: optimize(..., [freeze=True,]
 # layout="channels_last") (passes/convert_to_channels_last.cpp; unfrozen,
 # the first weight converted per call), values and output strides
@@ -368,6 +375,26 @@ def check_source(
     return outcome
 
 
+def _nonfinite_inputs(inputs: Sequence[torch.Tensor], seed: int) -> Optional[List[torch.Tensor]]:
+    """For NONFINITE_FRACTION of the check seeds (their own stream, so that
+    the other modes' inputs stay those drawn before), copies of `inputs`
+    with a NaN, and each of +inf and -inf half the time, at distinct
+    elements of about half the floating inputs, at least one in all; None
+    for the other seeds."""
+    rng = random.Random(f"{seed}:{NONFINITE}")
+    floating = [i for i, t in enumerate(inputs) if t.is_floating_point() and t.numel()]
+    if not floating or rng.random() >= NONFINITE_FRACTION:
+        return None
+    out = [t.clone() for t in inputs]
+    chosen = [i for i in floating if rng.random() < 0.5] or [rng.choice(floating)]
+    for i in chosen:
+        flat = out[i].view(-1)  # NB: drawn by randn: contiguous
+        values = [math.nan] + [v for v in (math.inf, -math.inf) if rng.random() < 0.5]
+        for value, at in zip(values, rng.sample(range(flat.numel()), min(len(values), flat.numel()))):
+            flat[at] = value
+    return out
+
+
 def _draw_channels_last(source: str, seed: int) -> str:
     rng = random.Random(f"{seed}:{CHANNELS_LAST}")
     if not re.search(r"\bConv2d\(|\bF\.conv2d\(", source) or rng.random() >= CHANNELS_LAST_FRACTION:
@@ -635,6 +662,7 @@ def _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, prese
         model = _to_dtype(cls(), dtype)
         frozen_base = copy.deepcopy(model).eval()
         train_base = copy.deepcopy(model)  # NB: before the steps write its state
+        nonfinite_base = copy.deepcopy(model) if NONFINITE in modes else None
         fx_base = copy.deepcopy(model) if FX in modes or COMPILE in modes else None
         g = torch.Generator().manual_seed(seed + 1)
         inputs = [torch.randn(s, generator=g).to(dtype) for s in input_shapes]
@@ -693,6 +721,40 @@ def _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, prese
                 if not _check_frozen(variant, variant_inputs, seed, dtype, label,
                                      round_trip, preserved, exported, stop_early, outcome, "channels_last"):
                     return
+        bad = _nonfinite_inputs(inputs, seed) if nonfinite_base is not None else None
+        if bad is not None:
+            outcome.nonfinite += 1
+            if not _check_nonfinite(nonfinite_base, bad, seed, dtype, dname, modes, round_trip, preserved,
+                                    exported, stop_early, outcome):
+                return
+
+
+def _check_nonfinite(model, bad, seed, dtype, dname: str, modes, round_trip: bool, preserved, exported,
+                     stop_early: bool, outcome: Outcome) -> bool:
+    """The nonfinite mode: the train and eval steps of optimize(m), the fx
+    and compile modes where they run, and the frozen mode, on `bad` (inputs
+    with NaN and Inf).  NB: on an Outcome of its own, of which only the
+    failures and the differences within the rounding spread count: the
+    modes' fused nodes and graphs were counted on the finite inputs.  False
+    where the check is to stop."""
+    label = f"{dname} {NONFINITE}"
+    own = Outcome(exact=outcome.exact)
+    frozen = copy.deepcopy(model).eval()
+    try:
+        for how in (FX, COMPILE):
+            if how in modes and not _check_fx(model, bad, seed, dtype, label, stop_early, own, how):
+                return False
+        ref, opt = _script_and_optimize(model, False, f"{label} train", own)
+        if opt is None:
+            return False
+        _check_mode(ref, opt, [("train", 0), ("eval", 1)], bad, seed, dtype, True, f"{label} train",
+                    f"{label} {{mode}} step {{i}}", stop_early, round_trip, own)
+        if stop_early and own.failures:
+            return False
+        return _check_frozen(frozen, bad, seed, dtype, label, round_trip, preserved, exported, stop_early, own)
+    finally:
+        outcome.failures += own.failures
+        outcome.within_spread += own.within_spread
 
 
 class _Traced(torch.nn.Module):

@@ -78,6 +78,7 @@ class Summary:
     shares: int = 0  # programs whose original shares a tensor between attributes
     exported: int = 0  # programs with an exported method
     channels_last: int = 0  # programs whose train or frozen mode ran with layout="channels_last" too
+    nonfinite: int = 0  # programs whose train, eval and frozen modes ran on inputs with NaN and Inf too
     # fx and compile modes: graphs checked and not judged, by mode; chains fused
     fx_traced: collections.Counter = dataclasses.field(default_factory=collections.Counter)
     fx_untraceable: collections.Counter = dataclasses.field(default_factory=collections.Counter)
@@ -123,6 +124,7 @@ def run(programs: int, seed: int, start: int = 0, shrink_failures: bool = True,
         summary.shares += outcome.shares
         summary.exported += prog.export is not None
         summary.channels_last += outcome.channels_last > 0
+        summary.nonfinite += outcome.nonfinite > 0
         summary.fx_traced.update(outcome.fx_traced)
         summary.fx_untraceable.update(outcome.fx_untraceable)
         summary.fx_fused.update(outcome.fx_fused)
@@ -170,6 +172,8 @@ def print_summary(s: Summary, seed: int, start: int, programs: int, elapsed: flo
           f"{s.frozen_alike} modes differed from the original as torch's own frozen original did "
           f"(freeze_module), {s.frozen_torch_differs} otherwise where torch's own frozen original with a training "
           f"batch_norm differed too (not judged)")
+    print(f"nonfinite: {s.nonfinite} programs also with NaN and Inf in their inputs (train, eval, frozen; fx and "
+          f"compile where those run)")
     if "fx" in modes or "compile" in modes:
         print(f"fx: {s.fx_traced['fx']} symbolic traces checked, {s.fx_untraceable['fx']} programs x dtypes that "
               f"did not trace; compile: {s.fx_traced['compile']} Dynamo captures checked, "
