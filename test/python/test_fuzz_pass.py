@@ -24,6 +24,8 @@ def test_fuzz_pass_bounded_run(tmp_path):
     lines = proc.stdout.strip().splitlines()
     assert lines and lines[-1] == f"{PROGRAMS} passed, 0 failed", proc.stdout[-4000:] + proc.stderr[-4000:]
     assert proc.returncode == 0
+    m = re.search(r"^nonfinite: (\d+) programs", proc.stdout, re.M)  # a quarter, drawn from each check seed
+    assert m and int(m.group(1)) >= PROGRAMS // 8, proc.stdout[-4000:]
     for op in ("linear_add_relu", "conv_relu_add", "batch_norm_add_div_swish", "relu"):
         m = re.search(rf"^\s+{op}\s+(\d+) nodes in\s+(\d+) programs$", proc.stdout, re.M)
         assert m, proc.stdout
