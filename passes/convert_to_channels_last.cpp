@@ -279,7 +279,6 @@ class ChannelsLastConversion {
     return value.toTensor();
   }
 
-  // Admits a convolution reading region value or entry `input`.
   // noEqualConstantStays: no tensor constant left as it is holds a
   // converted weight's values.  NB: TorchScript pools constants by their
   // values, not their strides (ConstantPooling, which the executor's
@@ -322,6 +321,7 @@ class ChannelsLastConversion {
     return !clash;
   }
 
+  // Admits a convolution reading region value or entry `input`.
   bool admitConv(const Node* n, const ConvForm& form) const {
     if (form.transposed_arg) {
       const auto transposed = constantBool(n->input(6));

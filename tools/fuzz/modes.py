@@ -37,9 +37,9 @@ DTYPES = {"float64": torch.float64, "float32": torch.float32}
 # _check_fx).
 # nonfinite: for NONFINITE_FRACTION of the programs, the train, eval and
 # frozen modes' steps (and the fx and compile modes', where those run) again
-# on inputs with NaN, +inf and -inf at a few elements (_nonfinite_inputs): NaN and Inf must come out where the
-# original's do (the judge's allclose takes NaN as equal only to NaN, and an
-# infinity only to itself).
+# on inputs with NaN, +inf and -inf at a few elements (_nonfinite_inputs):
+# NaN and Inf must come out where the original's do (the judge's allclose
+# takes NaN as equal only to NaN, and an infinity only to itself).
 MODES = ["train", "eval", "frozen", "autocast", "double_backward", "fx", "compile", "nonfinite"]
 FX, COMPILE = "fx", "compile"
 AUTOCAST = "autocast"
