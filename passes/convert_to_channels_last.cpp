@@ -295,29 +295,19 @@ class ChannelsLastConversion {
       nodes.insert(w->node());
     }
     bool clash = false;
-    std::function<void(const torch::jit::Block*)> visit = [&](const torch::jit::Block* block) {
-      for (const Node* n : block->nodes()) {
-        for (const auto* b : n->blocks()) {
-          visit(b);
-        }
-        if (clash || n->kind() != c10::prim::Constant || nodes.count(n) ||
-            n->outputs().size() != 1) {
-          continue;
-        }
-        const auto t = constantTensor(n->output());
-        if (!t || !t->defined()) {
-          continue;
-        }
-        for (const auto& w : converted) {
-          if (t->sizes() == w.sizes() && t->scalar_type() == w.scalar_type() &&
-              t->device() == w.device() && t->equal(w)) {
-            clash = true;
-            break;
-          }
-        }
+    forEachNode(graph_->block(), [&](Node* n) {
+      if (clash || n->kind() != c10::prim::Constant || nodes.count(n) || n->outputs().size() != 1) {
+        return;
       }
-    };
-    visit(graph_->block());
+      const auto t = constantTensor(n->output());
+      if (!t || !t->defined()) {
+        return;
+      }
+      clash = std::any_of(converted.begin(), converted.end(), [&](const at::Tensor& w) {
+        return t->sizes() == w.sizes() && t->scalar_type() == w.scalar_type() &&
+            t->device() == w.device() && t->equal(w);
+      });
+    });
     return !clash;
   }
 
