@@ -3,8 +3,8 @@
 // call whose boolean mask the graph proves true everywhere, which masks
 // nothing.
 //
-// NB: where ATen runs the unmasked call by flash attention on CUDA, whose
-// NaN and Inf are the masked call's (unmaskedKeepsNonFinite), it makes that
+// NB: where ATen runs the unmasked call by flash or cuDNN attention on CUDA,
+// whose NaN and Inf are the masked call's (unmaskedKeepsNonFinite), it makes that
 // call: where nothing is recorded for autograd (no_grad, inference mode, or
 // no input that requires grad: a frozen model's inference) as it is, and
 // where autograd records (training) forward and backward
@@ -139,13 +139,14 @@ class FusedAttentionFunction : public torch::autograd::Function<FusedAttentionFu
 };
 
 // Whether the unmasked call gives NaN and Inf where the original's masked
-// call does: only where ATen runs it by flash attention on CUDA.  Measured
-// on the H200 (float16 and bfloat16, a NaN in a query, +inf in a key, -inf
-// in a value): flash's output and gradients are NaN and Inf where the
-// masked call's (the math path) are.  Not so the memory-efficient kernel
+// call does: only where ATen runs it by flash or cuDNN attention on CUDA.
+// Measured on the H200 (float16 and bfloat16, a NaN in a query, +inf in a
+// key, -inf in a value): their outputs and gradients are NaN and Inf where
+// the masked call's (the math path) are.  Not so the memory-efficient kernel
 // (float32 on CUDA: NaN where the masked call gives -inf, and where it gives
 // finite values), nor the CPU's flash kernel (0 in a row that a NaN in the
-// query made NaN; fuzz seed 20261244 program 287); cuDNN's is not measured.
+// query made NaN; fuzz seed 20261244 program 287).  ATen prefers cuDNN to
+// flash on sm_90 for the shapes both take.
 // NB: where the choice raises (every backend disabled, say), the masked call
 // raises the original's error.
 bool unmaskedKeepsNonFinite(
@@ -158,9 +159,9 @@ bool unmaskedKeepsNonFinite(
     return false;
   }
   try {
-    return static_cast<at::SDPBackend>(at::_fused_sdp_choice(
-               query, key, value, std::nullopt, 0.0, false, scale, enable_gqa)) ==
-        at::SDPBackend::flash_attention;
+    const auto backend = static_cast<at::SDPBackend>(
+        at::_fused_sdp_choice(query, key, value, std::nullopt, 0.0, false, scale, enable_gqa));
+    return backend == at::SDPBackend::flash_attention || backend == at::SDPBackend::cudnn_attention;
   } catch (const c10::Error&) {
     return false;
   }

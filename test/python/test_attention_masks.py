@@ -4,10 +4,10 @@ mask true everywhere (transformers traces one for BERT without an
 attention_mask, which keeps ATen's fused attention kernels out) becomes
 torchfuse::custom_unmasked_attention; every other call stays.  Each rule that
 keeps a call has a negative test here.  Where ATen runs the unmasked call
-by flash attention on CUDA the op makes that call, also where autograd
+by flash or cuDNN attention on CUDA the op makes that call, also where autograd
 records, with the math path's derivatives for a backward that records a
 graph; elsewhere (the CPU, whose flash kernel maps NaN rows to 0, and
-float32 on CUDA) a masked call as the original's."""
+CUDA's memory-efficient kernel) a masked call as the original's."""
 
 import copy
 import warnings
@@ -330,126 +330,109 @@ def second(gs, xs):
         return type(e)
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_cuda_op_without_autograd_is_the_unmasked_call():
-    q, k, v = (t.cuda().half() for t in qkv(1))
-    with torch.no_grad():
-        torch.testing.assert_close(OP(q, k, v), F.scaled_dot_product_attention(q, k, v), rtol=0, atol=0)
-        torch.testing.assert_close(OP(q, k, v, scale=0.3), F.scaled_dot_product_attention(q, k, v, scale=0.3),
-                                   rtol=0, atol=0)
+# The fused backends whose unmasked call keeps the masked call's NaN and Inf
+# (unmaskedKeepsNonFinite), and the one that does not: ATen's choice is
+# narrowed to each in turn (sdpa_kernel), so that each is tested on every
+# GPU, whichever ATen would prefer there.
+KEEPS = ["FLASH_ATTENTION", "CUDNN_ATTENTION"]
+NOT_KEEPS = ["EFFICIENT_ATTENTION"]
+
+
+def only(backend):
+    """ATen's choice narrowed to backend, with the math path for what it
+    does not take (the masked call)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([getattr(SDPBackend, backend), SDPBackend.MATH])
+
+
+def cuda_qkv(seed, dtype=torch.float16, shape=(2, 4, 64, 64)):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return [torch.randn(shape, device="cuda", generator=g).to(dtype) for _ in range(3)]
+
+
+def choice(q, k, v):
+    from torch.nn.attention import SDPBackend
+
+    return SDPBackend(torch._fused_sdp_choice(q, k, v)).name
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("backend", KEEPS + NOT_KEEPS)
+def test_cuda_op_without_autograd_is_the_unmasked_call_where_it_keeps_nan(backend):
+    """By a backend that keeps NaN and Inf the op makes the unmasked call
+    (bit for bit); by the memory-efficient kernel, the masked one."""
+    q, k, v = cuda_qkv(1)
+    with torch.no_grad(), only(backend):
+        assert choice(q, k, v) == backend
+        got = [OP(q, k, v), OP(q, k, v, scale=0.3)]
+        unmasked = [F.scaled_dot_product_attention(q, k, v), F.scaled_dot_product_attention(q, k, v, scale=0.3)]
+        masked = [F.scaled_dot_product_attention(q, k, v, attn_mask=bert_like_mask(q, k)),
+                  F.scaled_dot_product_attention(q, k, v, attn_mask=bert_like_mask(q, k), scale=0.3)]
+    for a, u, m in zip(got, unmasked, masked):
+        if backend in KEEPS:
+            assert not torch.equal(u, m)  # so that the check can fail
+        assert torch.equal(a, u if backend in KEEPS else m)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("backend", KEEPS + NOT_KEEPS)
+@pytest.mark.parametrize("shape", [(2, 3, 5, 8), (2, 4, 64, 64)], ids=["5x8", "64x64"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "autograd"])
-def test_cuda_op_gives_nan_and_inf_where_the_masked_call_does(dtype, grad):
-    """unmaskedKeepsNonFinite on CUDA: the op's NaN and Inf are where the
-    original's masked call has them, in the output and the gradients: by
-    flash attention's unmasked call in float16 and bfloat16, by the masked
-    call in float32 (the memory-efficient kernel's unmasked call gives NaN
-    where the masked call gives -inf or finite values)."""
-    leaves = [t.requires_grad_(grad) for t in non_finite_qkv(2, "cuda", dtype)]
+def test_cuda_op_gives_nan_and_inf_where_the_masked_call_does(backend, shape, dtype, grad):
+    """unmaskedKeepsNonFinite on CUDA: with ATen's choice narrowed to each
+    fused backend, the op's NaN and Inf are where the original's masked call
+    (ATen's own choice) has them, in the output and the gradients under a
+    random upstream gradient."""
+    q, k, v = cuda_qkv(2, dtype, shape)
+    q[0, 1, 2, 3] = float("nan")
+    k[1, 0, 4, 1] = float("inf")
+    v[1, 2, 0, 5] = -float("inf")
+    leaves = [t.requires_grad_(grad) for t in (q, k, v)]
     mine = [t.detach().clone().requires_grad_(grad) for t in leaves]
+    gy = torch.randn(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(3)).to(dtype)
     with torch.set_grad_enabled(grad):
         want = F.scaled_dot_product_attention(*leaves, attn_mask=bert_like_mask(leaves[0], leaves[1]))
-        got = OP(*mine)
+        with only(backend):
+            got = OP(*mine)
+            g_got = torch.autograd.grad(got, mine, gy) if grad else []
     assert same_non_finite(got, want)
-    if grad:
-        gy = torch.randn(want.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(3)).to(dtype)
-        for a, b in zip(torch.autograd.grad(got, mine, gy), torch.autograd.grad(want, leaves, gy)):
-            assert same_non_finite(a, b)
+    for a, b in zip(g_got, torch.autograd.grad(want, leaves, gy) if grad else []):
+        assert same_non_finite(a, b)
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_cuda_op_under_autograd_runs_the_fused_kernel_and_a_differentiable_backward():
+@pytest.mark.parametrize("backend", KEEPS)
+def test_cuda_op_under_autograd_runs_the_fused_kernel_and_a_differentiable_backward(backend):
     """Where autograd records and ATen runs a fused kernel for the unmasked
     call: the unmasked call's output bit for bit, and its gradients; a
     backward that records a graph gives the math path's gradients, whose
     second derivatives exist (the fused kernels have none)."""
-    leaves = [t.cuda().half().requires_grad_() for t in qkv(2)]
+    leaves = [t.requires_grad_() for t in cuda_qkv(2)]
     mine = [t.detach().clone().requires_grad_() for t in leaves]
-    want = F.scaled_dot_product_attention(*leaves)
-    got = OP(*mine)
-    assert torch.equal(got, want)
-    gy = torch.randn(want.shape, device="cuda", generator=torch.Generator("cuda").manual_seed(3)).half()
-    for a, b in zip(torch.autograd.grad(got, mine, gy, retain_graph=True),
-                    torch.autograd.grad(want, leaves, gy, retain_graph=True)):
-        torch.testing.assert_close(a, b)
-    assert isinstance(second(torch.autograd.grad(want, leaves, gy, create_graph=True), leaves), type)
+    gy = torch.randn(leaves[0].shape, device="cuda", generator=torch.Generator("cuda").manual_seed(3)).half()
+    with only(backend):
+        assert choice(*leaves) == backend
+        want = F.scaled_dot_product_attention(*leaves)
+        got = OP(*mine)
+        assert torch.equal(got, want)
+        for a, b in zip(torch.autograd.grad(got, mine, gy, retain_graph=True),
+                        torch.autograd.grad(want, leaves, gy, retain_graph=True)):
+            torch.testing.assert_close(a, b)
+        assert isinstance(second(torch.autograd.grad(want, leaves, gy, create_graph=True), leaves), type)
+        g_got = torch.autograd.grad(got, mine, gy, create_graph=True)
 
     math = [t.detach().clone().requires_grad_() for t in leaves]
     m = torch.ops.aten._scaled_dot_product_attention_math(*math)[0]
     g_math = torch.autograd.grad(m, math, gy, create_graph=True)
-    g_got = torch.autograd.grad(got, mine, gy, create_graph=True)
     for a, b in zip(g_got, g_math):
         assert torch.equal(a, b)
     for a, b in zip(second(g_got, mine), second(g_math, math)):
         assert torch.equal(a, b)
-
-
-def test_op_under_autocast_saves_autocasts_copies_as_the_original():
-    """Under CPU autocast the original's call computes on autocast's bfloat16
-    copies, so an in-place write to its float32 inputs after the call leaves
-    its backward valid; the op's must be too (autocastInput), with the same
-    dtype, values and gradients.  Without autocast both backwards raise: the
-    saved inputs are the written tensors themselves."""
-    def run(fn, autocast):
-        leaves = [t.requires_grad_() for t in qkv(2)]
-        xs = [t * 1 for t in leaves]
-        with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
-            y = fn(*xs)
-        for x in xs:
-            x.mul_(2)
-        try:
-            return y, torch.autograd.grad(y.float().sum(), leaves)
-        except RuntimeError as e:
-            return y, type(e)
-
-    def original(q, k, v):
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bert_like_mask(q, k))
-
-    want, g_want = run(original, True)
-    got, g_got = run(OP, True)
-    assert got.dtype == want.dtype == torch.bfloat16
-    torch.testing.assert_close(got, want)
-    assert not isinstance(g_want, type) and not isinstance(g_got, type)
-    for a, b in zip(g_got, g_want):
-        assert a.dtype == b.dtype == torch.float32
-        torch.testing.assert_close(a, b)
-    assert run(original, False)[1] is RuntimeError and run(OP, False)[1] is RuntimeError
-
-
-def test_op_under_autograd_where_the_unmasked_call_is_math_is_the_masked_call():
-    """Where ATen would take the math path for the unmasked call too (here:
-    only math enabled), the op makes the original's masked call: values and
-    gradients bit for bit, and double backward as the original's."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    leaves = [t.double().requires_grad_() for t in qkv(2)]
-    mine = [t.detach().clone().requires_grad_() for t in leaves]
-    with sdpa_kernel([SDPBackend.MATH]):
-        want = F.scaled_dot_product_attention(*leaves, attn_mask=bert_like_mask(leaves[0], leaves[1]))
-        got = OP(*mine)
-    assert torch.equal(got, want)
-    gy = torch.randn(want.shape, dtype=want.dtype, generator=torch.Generator().manual_seed(3))
-    g_want = torch.autograd.grad(want, leaves, gy, create_graph=True)
-    g_got = torch.autograd.grad(got, mine, gy, create_graph=True)
-    for a, b in zip(g_got, g_want):
-        assert torch.equal(a, b)
-    for a, b in zip(second(g_got, mine), second(g_want, leaves)):
-        assert torch.equal(a, b)
-
-
-def test_op_errors_name_the_argument_and_schema_checks():
-    q, k, v = qkv(4)
-    with pytest.raises(RuntimeError, match="custom_unmasked_attention.*query"):
-        OP(None, k, v)
-    torch.library.opcheck(OP, (q, k, v))
-    q.requires_grad_()
-    torch.library.opcheck(OP, (q, k, v))
 
 
 @pytest.mark.cuda
