@@ -202,14 +202,6 @@ bool noDropout(const Node* n) {
   return p.has_value() && *p == 0.0;
 }
 
-// NB: where autograd records, the op runs a fused kernel whose backward
-// reads the output the call returned (ATen saves it), and the original's
-// math path does not: an in-place write to the output, or to a view of it,
-// would make that backward raise where the original's ran.
-bool outputNotWritten(const AliasDb& db, const Node* n) {
-  return !db.hasWriters(n->output());
-}
-
 void collect(torch::jit::Block* block, std::vector<Node*>& out) {
   for (Node* n : block->nodes()) {
     if (isSdpa(n)) {
@@ -237,7 +229,7 @@ int64_t DropAllTrueAttentionMasks(std::shared_ptr<torch::jit::Graph>& graph) {
     // NB: outsideScriptedAutocast as for the fusions: TorchScript's autocast
     // pass would cast the original call, and cannot see into the op.
     if (!isNone(mask) && notCausal(n) && noDropout(n) && outsideScriptedAutocast(n) &&
-        outputNotWritten(alias_db, n) && prover.allTrue(mask)) {
+        prover.allTrue(mask)) {
       drop.push_back(n);
     }
   }

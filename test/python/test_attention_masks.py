@@ -3,11 +3,12 @@ scaled_dot_product_attention call whose attn_mask the graph proves a boolean
 mask true everywhere (transformers traces one for BERT without an
 attention_mask, which keeps ATen's fused attention kernels out) becomes
 torchfuse::custom_unmasked_attention; every other call stays.  Each rule that
-keeps a call has a negative test here.  Where ATen runs the unmasked call
-by flash or cuDNN attention on CUDA the op makes that call, also where autograd
-records, with the math path's derivatives for a backward that records a
-graph; elsewhere (the CPU, whose flash kernel maps NaN rows to 0, and
-CUDA's memory-efficient kernel) a masked call as the original's."""
+keeps a call has a negative test here.  Where nothing is recorded for
+autograd and ATen runs the unmasked call by flash or cuDNN attention on
+CUDA, the op makes that call; elsewhere (the CPU, whose flash kernel maps NaN
+rows to 0, CUDA's memory-efficient kernel, and wherever autograd records: the
+fused kernels' gradients have inf where the masked call's have NaN) a masked
+call as the original's."""
 
 import copy
 import warnings
@@ -108,14 +109,32 @@ def test_dropout_keeps_the_call():  # noDropout: the fused kernels draw other nu
     assert torchfuse.fuse_graph(graph)["attention_masks_dropped"] == 0 and calls(graph) == (1, 0)
 
 
-def test_a_call_whose_output_is_written_stays():  # outputNotWritten: the fused backward reads it
+def test_a_call_whose_output_is_written_is_dropped():
+    """Where autograd records the op makes the original's masked call, so an
+    in-place write to its output leaves the backward as the original's."""
     def f(q, k, v):
         m = torch.arange(q.size(-2))[None, None, :, None] >= 0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=m.expand(2, 1, 5, 5))
         y.transpose(1, 2).mul_(2.0)
         return y
 
-    check(f, dropped=False)
+    graph = check(f, dropped=True)
+    rewritten = torch._C._create_function_from_graph("rewritten", graph)
+    gy = torch.randn(2, 3, 5, 8, generator=torch.Generator().manual_seed(7))
+
+    def grads(fn):
+        """fn's gradients, or the type of the error its backward raises."""
+        xs = [t.requires_grad_() for t in qkv(3)]
+        try:
+            return torch.autograd.grad(fn(*xs), xs, gy)
+        except RuntimeError as e:
+            return type(e)
+
+    want, got = grads(f), grads(rewritten)
+    if isinstance(want, type):  # the CPU's flash backward reads the written output
+        assert got is want
+    else:
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
 def test_a_written_mask_stays():  # unwritten: an in-place write may change it
@@ -239,10 +258,10 @@ def test_traced_bert_loses_its_all_true_masks(freeze):
             assert (got.double() - exact).abs().max() <= 2 * (want.double() - exact).abs().max() + 1e-6
 
 
-def test_traced_bert_trains_through_the_fused_attention():
-    """A training step of a traced BERT (CPU: its attention by flash
-    attention): the output and every parameter's gradient within twice the
-    traced original's error against float64."""
+def test_traced_bert_trains_through_the_op():
+    """A training step of a traced BERT through the op: the output and
+    every parameter's gradient within twice the traced original's error
+    against float64."""
     model = tiny_bert().train()
     x = torch.randn(3, 7, 32)
     gy = torch.randn(3, 7, 32)
@@ -330,6 +349,68 @@ def second(gs, xs):
         return type(e)
 
 
+def test_op_under_autocast_saves_autocasts_copies_as_the_original():
+    """Under CPU autocast the original's call computes on autocast's bfloat16
+    copies, so an in-place write to its float32 inputs after the call leaves
+    its backward valid; the op's must be too, with the same
+    dtype, values and gradients.  Without autocast both backwards raise: the
+    saved inputs are the written tensors themselves."""
+    def run(fn, autocast):
+        leaves = [t.requires_grad_() for t in qkv(2)]
+        xs = [t * 1 for t in leaves]
+        with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+            y = fn(*xs)
+        for x in xs:
+            x.mul_(2)
+        try:
+            return y, torch.autograd.grad(y.float().sum(), leaves)
+        except RuntimeError as e:
+            return y, type(e)
+
+    def original(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bert_like_mask(q, k))
+
+    want, g_want = run(original, True)
+    got, g_got = run(OP, True)
+    assert got.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want)
+    assert not isinstance(g_want, type) and not isinstance(g_got, type)
+    for a, b in zip(g_got, g_want):
+        assert a.dtype == b.dtype == torch.float32
+        torch.testing.assert_close(a, b)
+    assert run(original, False)[1] is RuntimeError and run(OP, False)[1] is RuntimeError
+
+
+def test_op_under_autograd_where_the_unmasked_call_is_math_is_the_masked_call():
+    """Where ATen would take the math path for the unmasked call too (here:
+    only math enabled), the op makes the original's masked call: values and
+    gradients bit for bit, and double backward as the original's."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    leaves = [t.double().requires_grad_() for t in qkv(2)]
+    mine = [t.detach().clone().requires_grad_() for t in leaves]
+    with sdpa_kernel([SDPBackend.MATH]):
+        want = F.scaled_dot_product_attention(*leaves, attn_mask=bert_like_mask(leaves[0], leaves[1]))
+        got = OP(*mine)
+    assert torch.equal(got, want)
+    gy = torch.randn(want.shape, dtype=want.dtype, generator=torch.Generator().manual_seed(3))
+    g_want = torch.autograd.grad(want, leaves, gy, create_graph=True)
+    g_got = torch.autograd.grad(got, mine, gy, create_graph=True)
+    for a, b in zip(g_got, g_want):
+        assert torch.equal(a, b)
+    for a, b in zip(second(g_got, mine), second(g_want, leaves)):
+        assert torch.equal(a, b)
+
+
+def test_op_errors_name_the_argument_and_schema_checks():
+    q, k, v = qkv(4)
+    with pytest.raises(RuntimeError, match="custom_unmasked_attention.*query"):
+        OP(None, k, v)
+    torch.library.opcheck(OP, (q, k, v))
+    q.requires_grad_()
+    torch.library.opcheck(OP, (q, k, v))
+
+
 # The fused backends whose unmasked call keeps the masked call's NaN and Inf
 # (unmaskedKeepsNonFinite), and the one that does not: ATen's choice is
 # narrowed to each in turn (sdpa_kernel), so that each is tested on every
@@ -407,31 +488,27 @@ def test_cuda_op_gives_nan_and_inf_where_the_masked_call_does(backend, shape, dt
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("backend", KEEPS)
-def test_cuda_op_under_autograd_runs_the_fused_kernel_and_a_differentiable_backward(backend):
-    """Where autograd records and ATen runs a fused kernel for the unmasked
-    call: the unmasked call's output bit for bit, and its gradients; a
-    backward that records a graph gives the math path's gradients, whose
-    second derivatives exist (the fused kernels have none)."""
+def test_cuda_op_under_autograd_is_the_masked_call(backend):
+    """Where autograd records, the op makes the masked call even where ATen
+    would run the unmasked one by a backend that keeps NaN and Inf in the
+    output: those backends' gradients have inf where the masked call's have
+    NaN.  Output, gradients and second derivatives bit for bit as the masked
+    call's."""
     leaves = [t.requires_grad_() for t in cuda_qkv(2)]
     mine = [t.detach().clone().requires_grad_() for t in leaves]
     gy = torch.randn(leaves[0].shape, device="cuda", generator=torch.Generator("cuda").manual_seed(3)).half()
     with only(backend):
         assert choice(*leaves) == backend
-        want = F.scaled_dot_product_attention(*leaves)
+        want = F.scaled_dot_product_attention(*leaves, attn_mask=bert_like_mask(leaves[0], leaves[1]))
         got = OP(*mine)
-        assert torch.equal(got, want)
-        for a, b in zip(torch.autograd.grad(got, mine, gy, retain_graph=True),
-                        torch.autograd.grad(want, leaves, gy, retain_graph=True)):
-            torch.testing.assert_close(a, b)
-        assert isinstance(second(torch.autograd.grad(want, leaves, gy, create_graph=True), leaves), type)
-        g_got = torch.autograd.grad(got, mine, gy, create_graph=True)
-
-    math = [t.detach().clone().requires_grad_() for t in leaves]
-    m = torch.ops.aten._scaled_dot_product_attention_math(*math)[0]
-    g_math = torch.autograd.grad(m, math, gy, create_graph=True)
-    for a, b in zip(g_got, g_math):
+        unmasked = F.scaled_dot_product_attention(*leaves)
+    assert not torch.equal(unmasked, want)  # so that the check can fail
+    assert torch.equal(got, want)
+    g_want = torch.autograd.grad(want, leaves, gy, create_graph=True)
+    g_got = torch.autograd.grad(got, mine, gy, create_graph=True)
+    for a, b in zip(g_got, g_want):
         assert torch.equal(a, b)
-    for a, b in zip(second(g_got, mine), second(g_math, math)):
+    for a, b in zip(second(g_got, mine), second(g_want, leaves)):
         assert torch.equal(a, b)
 
 
@@ -453,9 +530,9 @@ def test_cuda_op_against_float64(dtype):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_cuda_op_under_autograd_against_float64(dtype):
-    """Training: output and gradients of the fused path against float64, at
-    most twice the original masked call's error; a backward that records a
-    graph gives a double backward."""
+    """Training: output and gradients against float64, at most twice the
+    original masked call's error; a backward that records a graph gives a
+    double backward."""
     g = torch.Generator(device="cuda").manual_seed(6)
     base = [torch.randn(4, 12, 128, 64, device="cuda", generator=g) for _ in range(3)]
     gy = torch.randn(4, 12, 128, 64, device="cuda", generator=g)
