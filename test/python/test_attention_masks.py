@@ -349,6 +349,17 @@ def second(gs, xs):
         return type(e)
 
 
+def assert_same_derivatives(got, mine, want, leaves, gy):
+    """The first and second derivatives of got (of inputs mine) are want's
+    (of leaves), bit for bit, under the upstream gradient gy."""
+    g_want = torch.autograd.grad(want, leaves, gy, create_graph=True)
+    g_got = torch.autograd.grad(got, mine, gy, create_graph=True)
+    for a, b in zip(g_got, g_want):
+        assert torch.equal(a, b)
+    for a, b in zip(second(g_got, mine), second(g_want, leaves)):
+        assert torch.equal(a, b)
+
+
 def test_op_under_autocast_saves_autocasts_copies_as_the_original():
     """Under CPU autocast the original's call computes on autocast's bfloat16
     copies, so an in-place write to its float32 inputs after the call leaves
@@ -394,12 +405,7 @@ def test_op_under_autograd_where_the_unmasked_call_is_math_is_the_masked_call():
         got = OP(*mine)
     assert torch.equal(got, want)
     gy = torch.randn(want.shape, dtype=want.dtype, generator=torch.Generator().manual_seed(3))
-    g_want = torch.autograd.grad(want, leaves, gy, create_graph=True)
-    g_got = torch.autograd.grad(got, mine, gy, create_graph=True)
-    for a, b in zip(g_got, g_want):
-        assert torch.equal(a, b)
-    for a, b in zip(second(g_got, mine), second(g_want, leaves)):
-        assert torch.equal(a, b)
+    assert_same_derivatives(got, mine, want, leaves, gy)
 
 
 def test_op_errors_name_the_argument_and_schema_checks():
@@ -504,12 +510,7 @@ def test_cuda_op_under_autograd_is_the_masked_call(backend):
         unmasked = F.scaled_dot_product_attention(*leaves)
     assert not torch.equal(unmasked, want)  # so that the check can fail
     assert torch.equal(got, want)
-    g_want = torch.autograd.grad(want, leaves, gy, create_graph=True)
-    g_got = torch.autograd.grad(got, mine, gy, create_graph=True)
-    for a, b in zip(g_got, g_want):
-        assert torch.equal(a, b)
-    for a, b in zip(second(g_got, mine), second(g_want, leaves)):
-        assert torch.equal(a, b)
+    assert_same_derivatives(got, mine, want, leaves, gy)
 
 
 @pytest.mark.cuda
