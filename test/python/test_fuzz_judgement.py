@@ -289,3 +289,55 @@ def test_double_backward_original_wrong_is_counted(monkeypatch):
     monkeypatch.setattr(fuzz_modes, "_optimize", stand_in(fixed))
     outcome = fuzz_pass.check_source(source, shapes, seed, dtypes=("float64", "float32"), modes=("double_backward",))
     assert outcome.failures == [] and outcome.double_backward_original_wrong == 2
+
+
+# Fuzz seed 20261252, program 879: x / x is 1 everywhere, so the circular
+# conv's output is constant per channel and the training BatchNorm after it
+# normalizes its mean's rounding by up to 1 / sqrt(eps).  In channels-last
+# (the layout the pass gives the conv) ATen's CPU BatchNorm rounds that mean
+# otherwise: the optimized output was 4.6e-5 from the original's against a
+# 2e-5 bound, and no perturbation of the original's state moves its own
+# result (it stays exact).  The original run with its 4-d parameters
+# channels-last moves as far (judge._layout_spread).
+BN_OF_A_PER_CHANNEL_CONSTANT = """\
+class Program(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("rm6", torch.zeros(2))
+        self.register_buffer("rv7", torch.ones(2))
+        self.p8 = nn.Parameter(torch.randn(2))
+        self.p9 = nn.Parameter(torch.randn(2))
+        self.conv16 = nn.Conv2d(2, 2, 2, stride=1, padding=1, dilation=1, groups=1, bias=True, padding_mode='circular')
+        self.bn18 = nn.BatchNorm2d(2, momentum=None)
+        self.fc23 = nn.Linear(5, 5, bias=True)
+    def forward(self, x0):
+        v10 = F.batch_norm(x0, self.rm6, self.rv7, self.p8, self.p9, False, 0.3, 1e-05)
+        v12 = v10 / v10
+        v17 = self.conv16(v12)
+        v19 = self.bn18(v17)
+        return self.fc23(v19)
+"""
+
+
+def test_channels_last_rounding_of_a_batch_norm_of_a_constant_passes():
+    outcome = fuzz_pass.check_source(BN_OF_A_PER_CHANNEL_CONSTANT, [[4, 2, 5, 4]], 879, dtypes=("float32",),
+                                     modes=("train",), round_trip=False, channels_last="channels_last")
+    assert outcome.failures == [] and outcome.within_spread >= 1, (outcome.failures, outcome.within_spread)
+
+
+def test_channels_last_change_beyond_the_layouts_rounding_fails(monkeypatch):
+    # NB: the same program, whose channels-last optimized module is 0.1 %
+    # off: more than the original's own layout change moves it.
+    from test_fuzz_modes import stand_in
+
+    lines = BN_OF_A_PER_CHANNEL_CONSTANT.splitlines(True)
+    lines[-1] = lines[-1].rstrip("\n") + " * 1.001\n"
+    faulty, real = stand_in("".join(lines)), fuzz_modes._optimize
+
+    def optimize(module, freeze, preserved, layout="auto"):
+        return faulty(module, freeze, preserved) if layout == "channels_last" else real(module, freeze, preserved)
+
+    monkeypatch.setattr(fuzz_modes, "_optimize", optimize)
+    failures = fuzz_pass.check_source(BN_OF_A_PER_CHANNEL_CONSTANT, [[4, 2, 5, 4]], 879, dtypes=("float32",),
+                                      modes=("train",), round_trip=False, channels_last="channels_last").failures
+    assert failures and all(f.startswith("float32 channels_last+inputs train step ") for f in failures), failures

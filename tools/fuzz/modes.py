@@ -20,7 +20,8 @@ import torch
 import torchfuse
 
 from .program import Shape, Program, EXPORTED
-from .judge import Outcome, _flat, _judge, PERTURBATION_ULPS, PERTURBATION_ULPS_AUTOCAST, _spread
+from .judge import (Outcome, _flat, _judge, PERTURBATION_ULPS, PERTURBATION_ULPS_AUTOCAST, _layout_spread, _spread,
+                    _with_layout_spread)
 
 
 # The fusion registry's names, in pipeline order: the ops counted and reported.
@@ -176,9 +177,15 @@ def _run_step(ref, opt, inputs, rng_seed, dtype, grads: bool, params: bool, what
     # rounding is bfloat16's, and so is their spread's perturbation, of the
     # backward only (see PERTURBATION_ULPS_AUTOCAST).
     spread_dtype, ulps = (torch.bfloat16, PERTURBATION_ULPS_AUTOCAST) if autocast else (dtype, PERTURBATION_ULPS)
+
+    def spreads():
+        runs = _spread(before, inputs, spread_dtype, rng_seed, values_a, evaluate, ulps, state=not autocast)
+        # NB: the channels-last modes (strides) change the layout the
+        # original's kernels round in; so does the original run in it.
+        return _with_layout_spread(runs, _layout_spread(before, inputs, values_a, evaluate)) if strides else runs
+
     _judge(values_a, values_b, torch.bfloat16 if autocast else dtype,
-           step.replace(AUTOCAST + " ", "", 1) if autocast else step, what, outcome,
-           lambda: _spread(before, inputs, spread_dtype, rng_seed, values_a, evaluate, ulps, state=not autocast),
+           step.replace(AUTOCAST + " ", "", 1) if autocast else step, what, outcome, spreads,
            record=not autocast)
 
 
