@@ -299,7 +299,12 @@ def bert_like_mask(q, k):
 
 def non_finite_qkv(seed=0, device="cpu", dtype=torch.float32):
     """qkv with a NaN in one query row, +inf in a key and -inf in a value."""
-    q, k, v = (t.to(device, dtype) for t in qkv(seed))
+    return with_non_finite(*(t.to(device, dtype) for t in qkv(seed)))
+
+
+def with_non_finite(q, k, v):
+    """q, k and v, written: a NaN in one query row, +inf in a key and -inf
+    in a value."""
     q[0, 1, 2, 3] = float("nan")
     k[1, 0, 4, 1] = float("inf")
     v[1, 2, 0, 5] = -float("inf")
@@ -474,10 +479,7 @@ def test_cuda_op_gives_nan_and_inf_where_the_masked_call_does(backend, shape, dt
     fused backend, the op's NaN and Inf are where the original's masked call
     (ATen's own choice) has them, in the output and the gradients under a
     random upstream gradient."""
-    q, k, v = cuda_qkv(2, dtype, shape)
-    q[0, 1, 2, 3] = float("nan")
-    k[1, 0, 4, 1] = float("inf")
-    v[1, 2, 0, 5] = -float("inf")
+    q, k, v = with_non_finite(*cuda_qkv(2, dtype, shape))
     leaves = [t.requires_grad_(grad) for t in (q, k, v)]
     mine = [t.detach().clone().requires_grad_(grad) for t in leaves]
     gy = torch.randn(shape, device="cuda", generator=torch.Generator("cuda").manual_seed(3)).to(dtype)

@@ -6,6 +6,7 @@ import collections
 import copy
 import dataclasses
 import itertools
+import math
 from typing import Dict, List, Optional
 
 import torch
@@ -215,18 +216,24 @@ def _spread(before, inputs, dtype, seed: int, values_a, evaluate, ulps: float = 
         yield dict(spread)
 
 
+def _max_deviation(p, a) -> Optional[float]:
+    """max |p - a| (equal values and NaN against NaN count 0; NaN against a
+    number gives NaN), or None for empty tensors."""
+    d = (p.detach().double() - a.detach().double()).abs()
+    d[(p == a) | (torch.isnan(p) & torch.isnan(a))] = 0
+    return d.max().item() if d.numel() else None
+
+
 def _deviations(values, values_a) -> Dict[str, float]:
-    """max |values - values_a| per compared tensor (equal values and NaN
-    against NaN count 0, NaN against a number inf)."""
+    """_max_deviation per compared tensor, NaN counted as inf."""
     out: Dict[str, float] = {}
     for name, a in values_a.items():
         p = values.get(name)
         if a is None or p is None or p.shape != a.shape or not a.is_floating_point():
             continue
-        d = (p.detach().double() - a.detach().double()).abs()
-        d[(p == a) | (torch.isnan(p) & torch.isnan(a))] = 0
-        if d.numel():
-            out[name] = d.nan_to_num(nan=float("inf")).max().item()
+        d = _max_deviation(p, a)
+        if d is not None:
+            out[name] = float("inf") if math.isnan(d) else d
     return out
 
 
@@ -261,6 +268,5 @@ def _with_layout_spread(spreads, layout: Dict[str, float]):
 def _within_spread(a, b, spread: Optional[float]) -> bool:
     if spread is None or a is None or b is None or a.shape != b.shape or a.dtype != b.dtype:
         return False
-    d = (b.detach().double() - a.detach().double()).abs()
-    d[(b == a) | (torch.isnan(b) & torch.isnan(a))] = 0
-    return not d.numel() or d.max().item() <= SPREAD_FACTOR * spread
+    d = _max_deviation(b, a)
+    return d is None or d <= SPREAD_FACTOR * spread
