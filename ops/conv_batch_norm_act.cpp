@@ -14,6 +14,10 @@
 //   becomes custom_conv_add_act with the activation in its epilogue, where
 //   the weight is smaller than the conv output (the fold's pass over the
 //   weight then costs less than BatchNorm's pass over the output).
+// In training on CUDA, a 16-bit NCHW batch_norm -> silu runs as
+// custom_batch_norm_add_div_swish (trainSiluFuses): its kernels compute the
+// batch statistics, update the running ones as aten::batch_norm does, and
+// fuse the normalization with silu, forward and backward.
 // Otherwise the call runs the original ops: in training (the batch
 // statistics and running-statistic updates are ATen's), where autograd
 // records (its gradients, and no folded weight kept for the backward), and
@@ -28,6 +32,8 @@
 #include <ATen/ATen.h>
 #include <ATen/TensorSubclassLikeUtils.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/strides.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -167,6 +173,65 @@ std::pair<at::Tensor, at::Tensor> foldWithAten(
   return {folded, shift.to(weight.scalar_type())};
 }
 
+// Whether a training batch_norm -> silu over the conv output y runs as
+// custom_batch_norm_add_div_swish's CUDA kernels: the statistics, the update
+// of the running ones, and normalize + silu in two passes over y, their
+// backward in two more, from y alone (eager's batch_norm and silu take
+// three and four, and keep BatchNorm's output alive for silu's backward).
+// NB: where those kernels are the faster (docs/kernels/batch_norm_silu.md,
+// measured on efficientnet's shapes): 16-bit y in NCHW order, with running
+// statistics to update.  In float32 their backward computes its terms in
+// float64, and in channels-last order reduces columns; there cuDNN's
+// BatchNorm and silu were faster on most shapes.  NCHW also settles the
+// output's layout: eager's silu gives canonical contiguous strides, the
+// kernels y's, which are those.
+bool trainSiluFuses(
+    const at::Tensor& y,
+    const std::optional<at::Tensor>& bn_weight,
+    const std::optional<at::Tensor>& bn_bias,
+    const std::optional<at::Tensor>& running_mean,
+    const std::optional<at::Tensor>& running_var) {
+  const auto s = y.scalar_type();
+  if (!y.is_cuda() || y.numel() == 0 || y.dim() < 3 || (s != at::kHalf && s != at::kBFloat16) ||
+      !y.is_contiguous() || y.strides() != at::IntArrayRef(c10::contiguous_strides(y.sizes())) ||
+      !defined(running_mean) || !defined(running_var)) {
+    return false;
+  }
+  const auto p = running_mean->scalar_type();
+  const int64_t c = y.size(1);
+  const auto param = [&](const std::optional<at::Tensor>& t, bool required, bool written) {
+    if (!defined(t)) {
+      return !required;
+    }
+    return t->dim() == 1 && t->size(0) == c && t->scalar_type() == p && t->device() == y.device() &&
+        (!written || t->is_contiguous());
+  };
+  return (p == at::kFloat || p == s) && param(running_mean, true, true) &&
+      param(running_var, true, true) && param(bn_weight, false, false) &&
+      param(bn_bias, false, false);
+}
+
+// silu(batch_norm(y)) in training by custom_batch_norm_add_div_swish, with
+// other 0 and divisor 1 (t = batch_norm(y) + 0 exactly).  NB: autocast is
+// off for the nested call: the original's batch_norm and silu have no
+// autocast policy and run in y's dtype, where the op's Autocast kernel
+// would cast as for the add it stands for.
+at::Tensor batchNormSiluTrain(
+    const at::Tensor& y,
+    const std::optional<at::Tensor>& bn_weight,
+    const std::optional<at::Tensor>& bn_bias,
+    const at::Tensor& running_mean,
+    const at::Tensor& running_var,
+    double momentum,
+    double eps) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  at::Tensor rm = running_mean;
+  at::Tensor rv = running_var;
+  return custom_batch_norm_add_div_swish(
+      y, bn_weight, bn_bias, rm, rv, /*training=*/true, momentum, eps, at::zeros({}, y.options()),
+      1, /*silu=*/true);
+}
+
 at::Tensor convBatchNormAct(
     const at::Tensor& input,
     const at::Tensor& weight,
@@ -197,9 +262,20 @@ at::Tensor convBatchNormAct(
   // NB: a tracer (torch.compile, torch.export, make_fx) sees the original's
   // ATen ops: fake tensors have no data for a kernel, and a kernel launched
   // on real ones would not be recorded.
-  if (training || !defined(running_mean) || !defined(running_var) ||
-      at::isTensorSubclassLike(input) || at::isTensorSubclassLike(weight) ||
+  if (at::isTensorSubclassLike(input) || at::isTensorSubclassLike(weight) ||
       anySubclassLike({&bias, &bn_weight, &bn_bias, &running_mean, &running_var})) {
+    return original();
+  }
+  if (training && act.kind == kernels::ActivationKind::kSilu && input.is_cuda()) {
+    auto y = convolve(input, weight, bias, stride, padding, dilation, groups);
+    if (trainSiluFuses(y, bn_weight, bn_bias, running_mean, running_var)) {
+      return batchNormSiluTrain(y, bn_weight, bn_bias, *running_mean, *running_var, momentum, eps);
+    }
+    auto z = at::batch_norm(
+        y, bn_weight, bn_bias, running_mean, running_var, training, momentum, eps, cudnn_enabled);
+    return applyActivation(z, activation, activation_args);
+  }
+  if (training || !defined(running_mean) || !defined(running_var)) {
     return original();
   }
   // NB: a per-channel shape BatchNorm would reject keeps its error.

@@ -2,11 +2,14 @@
 [activation] of unfrozen graphs, where BatchNorm reads its statistics,
 affine parameters and `training` flag at run time.  In eval the op applies
 BatchNorm per call (on CUDA in the conv's epilogue, elsewhere folded into
-the conv's weight and bias); in training it runs the original ops:
-outputs, gradients, double gradients, running statistics and
-num_batches_tracked stay the original's.  Each rule that keeps a chain has a
+the conv's weight and bias); in training it runs the original ops, but
+for a 16-bit NCHW batch_norm -> silu on CUDA, which runs
+custom_batch_norm_add_div_swish's kernels: outputs, gradients, double
+gradients, running statistics and num_batches_tracked stay the
+original's.  Each rule that keeps a chain has a
 negative test here."""
 
+import contextlib
 import copy
 import warnings
 
@@ -530,6 +533,158 @@ def test_cuda_eval_recording_runs_the_original_ops():
     torch.testing.assert_close(got, want)
     for a, b in zip(grads, grads2):
         torch.testing.assert_close(a, b)
+
+
+TRAIN_SILU_CASES = [  # (input shape, weight shape, stride, padding, dilation, groups)
+    ((4, 16, 14, 14), (32, 16, 3, 3), [1, 1], [1, 1], [1, 1], 1),
+    ((4, 16, 14, 14), (16, 1, 3, 3), [2, 2], [1, 1], [1, 1], 16),  # depthwise, strided
+    ((3, 8, 33), (12, 8, 5), [1], [2], [2], 1),  # conv1d
+    ((2, 6, 5, 6, 7), (10, 6, 3, 3, 3), [1, 1, 1], [1, 1, 1], [1, 1, 1], 1),
+]
+
+
+def _train_silu(fn, tensors, conv_args, gy, momentum=0.1):
+    """fn's output, the gradients of (x, w, b, gamma, beta) for gy, and the
+    running statistics fn updated (fn takes copies)."""
+    leaves = [t.detach().clone().requires_grad_(i < 5) for i, t in enumerate(tensors)]
+    out = fn(*leaves[:3], *conv_args, *leaves[3:], True, momentum, 1e-5, "silu")
+    grads = torch.autograd.grad(out, leaves[:5], gy)
+    return out, grads, leaves[5], leaves[6]
+
+
+def _op(x, w, b, stride, padding, dilation, groups, gamma, beta, mean, var, training, momentum, eps, act):
+    return OP(x, w, b, stride, padding, dilation, groups, gamma, beta, mean, var, training, momentum, eps, True, act,
+              [])
+
+
+def _grad_fn_names(t):
+    """The autograd nodes behind t, by name."""
+    names, todo, seen = set(), [t.grad_fn], set()
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.add(node.name())
+        todo.extend(f for f, _ in node.next_functions)
+    return names
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("case", TRAIN_SILU_CASES)
+@pytest.mark.parametrize("dtype, bn_dtype", [(torch.float16, torch.float32), (torch.bfloat16, torch.float32),
+                                             (torch.float16, torch.float16)])
+def test_cuda_training_silu_runs_fused_against_float64(case, dtype, bn_dtype):
+    """conv -> batch_norm (training) -> silu, 16-bit, NCHW: the BatchNorm and
+    silu by custom_batch_norm_add_div_swish's kernels, forward and backward.
+    Output, the gradients of input, conv and BatchNorm parameters, and the
+    running statistics: within 2x eager's error against float64."""
+    host, dev, conv_args = _cuda_case(case, dtype, False)
+    dev = dev[:3] + [t.to(bn_dtype) for t in dev[3:]]
+    gy_host = torch.randn(reference(*host[:3], *conv_args, *host[3:], False, 0.1, 1e-5, "none").shape,
+                          generator=torch.Generator().manual_seed(5))
+    ref = _train_silu(reference, [t.double() for t in host], conv_args, gy_host.double())
+    gy = gy_host.to("cuda", dtype)
+    poison_allocator([ref[0].numel() * dtype.itemsize])
+    got = _train_silu(_op, dev, conv_args, gy)
+    want = _train_silu(reference, dev, conv_args, gy)
+    assert any("BatchNormAddDivSwish" in n for n in _grad_fn_names(got[0]))
+    assert not any("BatchNormAddDivSwish" in n for n in _grad_fn_names(want[0]))
+    assert got[0].dtype == want[0].dtype and got[0].stride() == want[0].stride()
+    what = f"train silu {case[1]} {dtype} bn {bn_dtype}"
+    assert_close_to_reference(got[0], want[0], ref[0], what=what + " out")
+    for i, name in enumerate(["x", "w", "b", "gamma", "beta"]):
+        assert got[1][i].dtype == want[1][i].dtype
+        assert_close_to_reference(got[1][i], want[1][i], ref[1][i], what=f"{what} grad {name}")
+    for i, name in ((2, "running_mean"), (3, "running_var")):
+        assert_close_to_reference(got[i], want[i], ref[i], what=f"{what} {name}")
+
+
+def _second_derivatives(fn, dev, conv_args):
+    leaves = [t.detach().clone().requires_grad_(i < 5) for i, t in enumerate(dev)]
+    out = fn(*leaves[:3], *conv_args, *leaves[3:], True, 0.1, 1e-5, "silu")
+    gy = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(out)
+    gx = torch.autograd.grad(out, leaves[0], gy, create_graph=True)[0]
+    return out, torch.autograd.grad(gx.float().square().sum(), leaves[:5])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_training_silu_double_backward_is_the_original():
+    """A backward with create_graph through the fused training chain: the
+    second derivatives of the original, within 2x eager's error against
+    float64."""
+    host, dev, conv_args = _cuda_case(TRAIN_SILU_CASES[0], torch.float16, False)
+    dev = dev[:3] + [t.float() for t in dev[3:]]
+    out, got = _second_derivatives(_op, dev, conv_args)
+    assert any("BatchNormAddDivSwish" in n for n in _grad_fn_names(out))
+    _, want = _second_derivatives(reference, dev, conv_args)
+    _, ref = _second_derivatives(reference, [t.double() for t in host], conv_args)
+    for i, name in enumerate(["x", "w", "b", "gamma", "beta"]):
+        assert_close_to_reference(got[i], want[i], ref[i], what=f"second derivative {name}")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_training_silu_keeps_less_alive_for_the_backward():
+    """The fused chain saves the conv output only, not BatchNorm's output as
+    well: less memory alive between forward and backward."""
+    _, dev, conv_args = _cuda_case(TRAIN_SILU_CASES[0], torch.float16, False)
+    dev = dev[:3] + [t.float() for t in dev[3:]]
+    alive = []
+    for fn in (_op, reference):
+        leaves = [t.detach().clone().requires_grad_(i < 5) for i, t in enumerate(dev)]
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        out = fn(*leaves[:3], *conv_args, *leaves[3:], True, 0.1, 1e-5, "silu")
+        torch.cuda.synchronize()
+        alive.append(torch.cuda.memory_allocated() - before)
+        del out
+    assert alive[0] < alive[1], alive
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("what", ["float32", "channels_last", "float64", "no_running_statistics", "relu"])
+def test_cuda_training_keeps_the_original_ops_outside_the_fused_silu(what):
+    """trainSiluFuses negatives: float32 and channels-last conv outputs
+    (where cuDNN's BatchNorm and silu were the faster), float64, BatchNorm
+    without running statistics, and an activation other than silu run the
+    original ops."""
+    dtype = {"float32": torch.float32, "float64": torch.float64}.get(what, torch.float16)
+    _, dev, conv_args = _cuda_case(TRAIN_SILU_CASES[0], dtype, what == "channels_last")
+    dev = dev[:3] + [t.float() if dtype == torch.float16 else t for t in dev[3:]]
+    leaves = [t.detach().clone().requires_grad_(i < 5) for i, t in enumerate(dev)]
+    if what == "no_running_statistics":
+        leaves[5] = leaves[6] = None
+    act = "relu" if what == "relu" else "silu"
+    out = _op(*leaves[:3], *conv_args, *leaves[3:], True, 0.1, 1e-5, act)
+    want = reference(*leaves[:3], *conv_args, *leaves[3:], True, 0.1, 1e-5, act)
+    assert not any("BatchNormAddDivSwish" in n for n in _grad_fn_names(out))
+    torch.testing.assert_close(out, want)
+    assert out.stride() == want.stride()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("autocast", [False, True])
+def test_cuda_scripted_silu_training_steps_keep_outputs_and_statistics(autocast):
+    """A scripted conv -> BatchNorm -> SiLU trained 3 SGD steps through
+    torchfuse, against eager: outputs, parameters and running statistics
+    (under float16 autocast the BatchNorm and silu run fused)."""
+    torch.manual_seed(0)
+    m = ConvBnAct(nn.SiLU()).cuda()
+    ref = copy.deepcopy(m)
+    opt = torchfuse.optimize(torch.jit.script(m.train()), layout="keep")
+    assert fused_count(opt) == 1
+    x = signed(4, 3, 16, 16, seed=5).cuda()
+    ctx = (lambda: torch.autocast("cuda", dtype=torch.float16)) if autocast else contextlib.nullcontext
+    with ctx():
+        got, want = _train_steps(opt, x), _train_steps(ref.train(), x)
+    tol = 2e-2 if autocast else 1e-4
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+    for (name, p), q in zip(m.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=tol, atol=tol, msg=name)
+    for (name, p), q in zip(m.named_buffers(), ref.buffers()):
+        torch.testing.assert_close(p, q, rtol=tol, atol=tol, msg=name)
 
 
 def test_fuzzer_programs_with_the_chain_keep_their_meaning():
