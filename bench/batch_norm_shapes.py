@@ -1,9 +1,15 @@
-"""custom_batch_norm_add_div_swish in training against eager's unfused
-batch_norm -> add -> div -> x*sigmoid(x) over a spread of shapes and dtypes:
-wide and narrow (N, C) inputs (the column reduction, narrow ones with many
-splits per channel), NCHW planes, and small host-bound ones.
+"""custom_batch_norm_add_div_swish in training against eager's unfused ops
+over a spread of shapes and dtypes, for the two chains it serves:
 
-    python bench/batch_norm_shapes.py [--output bench/results/batch-norm-shapes-<gpu>.json]
+- `--chain swish` (default): batch_norm -> add -> div -> x*sigmoid(x), wide
+  and narrow (N, C) inputs (the column reduction, narrow ones with many
+  splits per channel), NCHW planes, and small host-bound ones;
+- `--chain silu`: batch_norm -> silu of a conv output (other 0, divisor 1,
+  as custom_conv_batch_norm_act runs it in training), efficientnet_b0's
+  shapes at batch 64 and some smaller ones, NCHW and channels-last, with
+  float32 BatchNorm parameters (a 16-bit input is autocast's).
+
+    python bench/batch_norm_shapes.py [--chain silu] [--output bench/results/batch-norm-shapes-<gpu>.json]
 
 Forward, and forward plus backward (of a fixed random gradient), each the
 median of 50 calls timed with CUDA events after 5 warm-up calls, PyTorch's
@@ -24,29 +30,42 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cuda_timing import median_ms  # noqa: E402
 
 SHAPES = [(8192, 4096), (65536, 256), (256, 64), (32, 256, 56, 56), (64, 64, 112, 112), (8, 16, 5, 5)]
+SILU_SHAPES = [(64, 16, 112, 112), (32, 96, 112, 112), (64, 32, 112, 112), (64, 96, 56, 56), (64, 144, 56, 56),
+               (64, 240, 28, 28), (64, 480, 14, 14), (64, 1152, 7, 7), (32, 256, 56, 56), (8, 64, 28, 28),
+               (4, 672, 7, 7)]
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 PEAK_GBS = 4800.0
 REPS, WARMUP = 50, 5
 
 
-def measure(shape, dtype):
+def measure(shape, dtype, chain="swish", channels_last=False):
     ops = torch.ops.torchfuse
     c = shape[1]
     x = (torch.randn(*shape, device="cuda") * 2 + 0.5).to(dtype)
-    w, b = torch.randn(c, device="cuda", dtype=dtype), torch.randn(c, device="cuda", dtype=dtype)
-    rm, rv = torch.zeros(c, device="cuda", dtype=dtype), torch.ones(c, device="cuda", dtype=dtype)
-    other = torch.randn(1, device="cuda", dtype=dtype)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    # the silu chain's BatchNorm parameters are float32, as a module's under autocast
+    pdt = dtype if chain == "swish" else torch.float32
+    w, b = torch.randn(c, device="cuda", dtype=pdt), torch.randn(c, device="cuda", dtype=pdt)
+    rm, rv = torch.zeros(c, device="cuda", dtype=pdt), torch.ones(c, device="cuda", dtype=pdt)
+    other = torch.randn(1, device="cuda", dtype=dtype) if chain == "swish" else torch.zeros((), device="cuda",
+                                                                                              dtype=dtype)
+    divisor = 2.0 if chain == "swish" else 1
     xg, gy = x.clone().requires_grad_(True), torch.randn_like(x)
 
     def fused(inp):
-        return ops.custom_batch_norm_add_div_swish(inp, w, b, rm, rv, True, 0.1, 1e-5, other, 2.0)
+        return ops.custom_batch_norm_add_div_swish(inp, w, b, rm, rv, True, 0.1, 1e-5, other, divisor)
 
     def eager(inp):
+        if chain == "silu":
+            return F.silu(F.batch_norm(inp, rm, rv, w, b, True, 0.1, 1e-5))
         t = (F.batch_norm(inp, rm, rv, w, b, True, 0.1, 1e-5) + other) / 2.0
         return t * torch.sigmoid(t)
 
     row = {"shape": list(shape), "dtype": str(dtype).replace("torch.", ""),
            "floor_fwd_us": x.numel() * x.element_size() * 3 / PEAK_GBS / 1e3}
+    if chain == "silu":
+        row["channels_last"] = channels_last
     for name, fn in (("fused", fused), ("eager", eager)):
         row[f"{name}_fwd_us"] = median_ms(lambda: fn(x), REPS, WARMUP) * 1e3
         row[f"{name}_fwdbwd_us"] = median_ms(lambda: fn(xg).backward(gy), REPS, WARMUP) * 1e3
@@ -57,6 +76,7 @@ def measure(shape, dtype):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--chain", choices=["swish", "silu"], default="swish", help="the chain measured (see above)")
     ap.add_argument("--output", default=None, help="results JSON (default: print only)")
     ap.add_argument("--commit", default=None, help="commit to record (default: git rev-parse HEAD)")
     args = ap.parse_args(argv)
@@ -66,20 +86,24 @@ def main(argv=None) -> int:
     import torchfuse  # noqa: F401  (registers torch.ops.torchfuse)
 
     rows = []
-    for shape in SHAPES:
-        for dt in DTYPES.values():
-            r = measure(shape, dt)
-            rows.append(r)
-            print(f"{str(tuple(r['shape'])):22s} {r['dtype']:9s} fwd fused {r['fused_fwd_us']:8.1f} us "
-                  f"eager {r['eager_fwd_us']:8.1f} us ({r['fwd_speedup']:.2f}x) floor {r['floor_fwd_us']:7.1f} us | "
-                  f"fwd+bwd fused {r['fused_fwdbwd_us']:8.1f} eager {r['eager_fwdbwd_us']:8.1f} "
-                  f"({r['fwdbwd_speedup']:.2f}x)", flush=True)
+    layouts = [False, True] if args.chain == "silu" else [False]
+    cases = [(shape, dt, cl) for shape in (SILU_SHAPES if args.chain == "silu" else SHAPES)
+             for dt in DTYPES.values() for cl in layouts]
+    for shape, dt, cl in cases:
+        r = measure(shape, dt, args.chain, cl)
+        rows.append(r)
+        layout = " cl" if cl else ""
+        print(f"{str(tuple(r['shape'])):22s} {r['dtype']:9s}{layout} fwd fused {r['fused_fwd_us']:8.1f} us "
+              f"eager {r['eager_fwd_us']:8.1f} us ({r['fwd_speedup']:.2f}x) floor {r['floor_fwd_us']:7.1f} us | "
+              f"fwd+bwd fused {r['fused_fwdbwd_us']:8.1f} eager {r['eager_fwdbwd_us']:8.1f} "
+              f"({r['fwdbwd_speedup']:.2f}x)", flush=True)
     if args.output:
         commit = args.commit or subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], capture_output=True,
                                                text=True).stdout.strip()
         out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "commit": commit,
                "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M"),
-               "command": "python bench/batch_norm_shapes.py " + " ".join(argv or sys.argv[1:]), "rows": rows}
+               "command": "python bench/batch_norm_shapes.py " + " ".join(argv or sys.argv[1:]), "chain": args.chain,
+               "rows": rows}
         with open(args.output, "w") as f:
             json.dump(out, f, indent=1)
     return 0

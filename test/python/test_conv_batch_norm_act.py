@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 import torchfuse
 
-from cuda_utils import assert_close_to_reference, poison_allocator
+from cuda_utils import assert_close_to_reference, floor_for, poison_allocator
 
 OP = torch.ops.torchfuse.custom_conv_batch_norm_act
 
@@ -685,6 +685,43 @@ def test_cuda_scripted_silu_training_steps_keep_outputs_and_statistics(autocast)
         torch.testing.assert_close(p, q, rtol=tol, atol=tol, msg=name)
     for (name, p), q in zip(m.named_buffers(), ref.buffers()):
         torch.testing.assert_close(p, q, rtol=tol, atol=tol, msg=name)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_torchvision_efficientnet_b0_training_step_under_autocast():
+    """efficientnet_b0 (torchvision) trained one step under float16 autocast
+    through torchfuse, NCHW: its conv -> BatchNorm -> SiLU chains run fused,
+    and the output, every parameter gradient and every buffer are within 2x
+    eager's error against a float64 run (the floor: float16's, the dtype the
+    chains compute in)."""
+    torchvision = pytest.importorskip("torchvision")
+    torch.manual_seed(0)
+    model = torchvision.models.efficientnet_b0(num_classes=10, dropout=0.0, stochastic_depth_prob=0.0).cuda()
+    ref, ref64 = copy.deepcopy(model), copy.deepcopy(model).double()
+    opt = torchfuse.optimize(torch.jit.script(model.train()), layout="keep")
+    assert fused_count(opt) > 0
+    x = signed(4, 3, 64, 64, seed=9).cuda()
+    gy = signed(4, 10, seed=10).cuda()
+
+    def step(m, inp, autocast):
+        with torch.autocast("cuda", dtype=torch.float16, enabled=autocast):
+            out = m(inp)
+        out.backward(gy.to(out.dtype))
+        return out
+
+    got = step(opt, x, True)
+    assert any("BatchNormAddDivSwish" in n for n in _grad_fn_names(got))
+    want = step(ref.train(), x, True)
+    want64 = step(ref64.train(), x.double(), False)
+    floor = floor_for(torch.float16)
+    assert_close_to_reference(got, want, want64, what="efficientnet_b0 output", floor=floor)
+    for (name, p), q, q64 in zip(model.named_parameters(), ref.parameters(), ref64.parameters()):
+        assert_close_to_reference(p.grad, q.grad, q64.grad, what=f"efficientnet_b0 grad {name}", floor=floor)
+    for (name, b), c, c64 in zip(model.named_buffers(), ref.buffers(), ref64.buffers()):
+        if b.is_floating_point():
+            assert_close_to_reference(b, c, c64, what=f"efficientnet_b0 {name}", floor=floor)
+        else:
+            assert torch.equal(b, c), name
 
 
 def test_fuzzer_programs_with_the_chain_keep_their_meaning():
