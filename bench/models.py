@@ -925,7 +925,9 @@ def markdown_section(data: dict, png_rel: Optional[str] = None, level: int = 2) 
     if sk:
         L += [f"{h}# Model zoo{on}: not measured", "", "| Unit | Reason |", "|---|---|"]
         for k, s in sk.items():
-            L.append(f"| {k} | {s['reason'].replace('|', '/')}{' (**failure**)' if s.get('failure') else ''} |")
+            # one table row: a traceback's lines joined, its pipes escaped
+            reason = " ".join(s["reason"].split()).replace("|", "/")
+            L.append(f"| {k} | {reason}{' (**failure**)' if s.get('failure') else ''} |")
         L.append("")
     return "\n".join(L)
 

@@ -14,7 +14,8 @@
 //   becomes custom_conv_add_act with the activation in its epilogue, where
 //   the weight is smaller than the conv output (the fold's pass over the
 //   weight then costs less than BatchNorm's pass over the output).
-// In training on CUDA, a 16-bit NCHW batch_norm -> silu runs as
+// In training on CUDA, a 16-bit NCHW batch_norm -> silu (planes of 512
+// elements or more) runs as
 // custom_batch_norm_add_div_swish (trainSiluFuses): its kernels compute the
 // batch statistics, update the running ones as aten::batch_norm does, and
 // fuse the normalization with silu, forward and backward.
@@ -179,12 +180,16 @@ std::pair<at::Tensor, at::Tensor> foldWithAten(
 // backward in two more, from y alone (eager's batch_norm and silu take
 // three and four, and keep BatchNorm's output alive for silu's backward).
 // NB: where those kernels are the faster (docs/kernels/batch_norm_silu.md,
-// measured on efficientnet's shapes): 16-bit y in NCHW order, with running
-// statistics to update.  In float32 their backward computes its terms in
-// float64, and in channels-last order reduces columns; there cuDNN's
-// BatchNorm and silu were faster on most shapes.  NCHW also settles the
-// output's layout: eager's silu gives canonical contiguous strides, the
-// kernels y's, which are those.
+// measured on efficientnet's shapes): 16-bit y in NCHW order with planes of
+// at least kMinTrainSiluPlane elements, and running statistics to update.
+// In float32 their backward computes its terms in float64, and in
+// channels-last order reduces columns; there cuDNN's BatchNorm and silu
+// were faster on most shapes.  Short planes (14x14, 7x7) make the planes'
+// reduction read short rows: there the kernels lost on some runs.  NCHW
+// also settles the output's layout: eager's silu gives canonical contiguous
+// strides, the kernels y's, which are those.
+constexpr int64_t kMinTrainSiluPlane = 512;
+
 bool trainSiluFuses(
     const at::Tensor& y,
     const std::optional<at::Tensor>& bn_weight,
@@ -195,6 +200,13 @@ bool trainSiluFuses(
   if (!y.is_cuda() || y.numel() == 0 || y.dim() < 3 || (s != at::kHalf && s != at::kBFloat16) ||
       !y.is_contiguous() || y.strides() != at::IntArrayRef(c10::contiguous_strides(y.sizes())) ||
       !defined(running_mean) || !defined(running_var)) {
+    return false;
+  }
+  int64_t plane = 1;
+  for (int64_t d = 2; d < y.dim(); ++d) {
+    plane *= y.size(d);
+  }
+  if (plane < kMinTrainSiluPlane) {
     return false;
   }
   const auto p = running_mean->scalar_type();

@@ -157,12 +157,18 @@ int64_t fuseForm(std::shared_ptr<torch::jit::Graph>& graph, bool act) {
   if (act) {
     links.push_back(kAct);
   }
+  // NB: the writes are judged on each side of the batch_norm, not across
+  // it: the chain's own batch_norm writes its running statistics (AliasDb
+  // says so wherever `training` is not the constant false), which the op
+  // does too, at the same point of the order.
   auto accept = [&](const Chain& c, const AliasDb& db) {
     Node* bn = c.nodes[1];
-    return noInterveningWritesBesideOtherSlots(db, c.head(), c.tail(), c.externalInputs()) &&
+    const auto inputs = c.externalInputs();
+    return noInterveningWritesBesideOtherSlots(db, c.head(), bn, inputs) &&
         notTrainingConstant(bn) &&
         (!act ||
          (activationArgumentsAreConstant(c.nodes[2]) &&
+          noInterveningWritesBesideOtherSlots(db, bn, c.tail(), inputs) &&
           noInterveningAccess(db, bn, c.tail(), {bn->input(3), bn->input(4)}, {})));
   };
   return fuseAll(

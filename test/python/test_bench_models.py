@@ -313,6 +313,15 @@ def test_host_bound_rows_are_listed(models):
     assert "host-bound rows" not in models.markdown_section(cpu_only)
 
 
+def test_a_multi_line_skip_reason_is_one_table_row(models):
+    """A failed unit's reason (a TorchScript traceback spans lines and may
+    hold pipes) is one row of the not-measured table."""
+    data = {"gpu": "G", "rows": {}, "skipped": {
+        "a/train_bf16/torchscript": {"reason": "failed: RuntimeError: x\n  File a | b\n    y", "failure": False}}}
+    md = models.markdown_section(data)
+    assert "| a/train_bf16/torchscript | failed: RuntimeError: x File a / b y |" in md.splitlines()
+
+
 def test_layout_variants_run_only_where_named_and_only_for_cnns(models):
     """torchfuse_keep and torchfuse_cl (optimize with a fixed layout) are
     not part of "all"; named, they are known, CNN-only, and timed against

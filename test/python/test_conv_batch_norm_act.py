@@ -2,12 +2,12 @@
 [activation] of unfrozen graphs, where BatchNorm reads its statistics,
 affine parameters and `training` flag at run time.  In eval the op applies
 BatchNorm per call (on CUDA in the conv's epilogue, elsewhere folded into
-the conv's weight and bias); in training it runs the original ops, but
-for a 16-bit NCHW batch_norm -> silu on CUDA, which runs
-custom_batch_norm_add_div_swish's kernels: outputs, gradients, double
-gradients, running statistics and num_batches_tracked stay the
-original's.  Each rule that keeps a chain has a
-negative test here."""
+the conv's weight and bias).  In training it runs the original ops, but
+for a 16-bit NCHW batch_norm -> silu (planes of 512 or more elements) on
+CUDA, which runs custom_batch_norm_add_div_swish's kernels.  Outputs,
+gradients, double gradients, running statistics and num_batches_tracked
+stay the original's.  Each rule that keeps a chain has a negative test
+here."""
 
 import contextlib
 import copy
@@ -405,6 +405,50 @@ def test_no_intervening_writes_negative_a_conv_weight_written_before_the_batch_n
     assert n == 0
 
 
+def _activations(graph):
+    """The `activation` argument of each custom_conv_batch_norm_act in graph."""
+    return [n.inputsAt(15).toIValue() for n in graph.findAllNodes("torchfuse::custom_conv_batch_norm_act")]
+
+
+@pytest.mark.parametrize("act, name", [(nn.ReLU(inplace=True), "relu_"), (nn.SiLU(), "silu"),
+                                       (nn.Hardswish(inplace=True), "hardswish_")])
+@pytest.mark.parametrize("training", [True, False])
+def test_the_activation_joins_where_training_is_a_run_time_flag(act, name, training):
+    """The chain's batch_norm writes its running statistics wherever
+    `training` is not the constant false (AliasDb's view); that write is the
+    op's own, so the activation after it joins the op, in training and in
+    eval, and the outputs stay the original's."""
+    torch.manual_seed(0)
+    m = _randomize_statistics(ConvBnAct(act)).train(training)
+    ref = copy.deepcopy(m)
+    graph, n = _fuse(torch.jit.script(m))
+    assert n == 1 and _activations(graph) == [name]
+    opt = torchfuse.optimize(torch.jit.script(m))
+    x = signed(2, 3, 8, 8, seed=3)
+    with torch.no_grad():
+        torch.testing.assert_close(opt(x), ref(x), rtol=1e-5, atol=1e-6)
+
+
+class WeightWrittenAfterTheBatchNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        y = self.bn(self.conv(x))
+        self.conv.weight.data.mul_(2.0)  # an op at the activation would read the written weight
+        return torch.relu(y)
+
+
+def test_no_intervening_writes_negative_a_conv_weight_written_between_batch_norm_and_activation():
+    """A write of the conv's weight after the batch_norm keeps the activation
+    out: the chain ends at the batch_norm, before the write."""
+    m = WeightWrittenAfterTheBatchNorm().eval()
+    graph, n = _fuse(torch.jit.script(m))
+    assert n == 1 and _activations(graph) == ["none"]
+    assert len(graph.findAllNodes("aten::relu")) == 1
+
+
 def test_torchvision_resnet18_unfrozen_eval_and_training():
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
@@ -535,11 +579,11 @@ def test_cuda_eval_recording_runs_the_original_ops():
         torch.testing.assert_close(a, b)
 
 
-TRAIN_SILU_CASES = [  # (input shape, weight shape, stride, padding, dilation, groups)
-    ((4, 16, 14, 14), (32, 16, 3, 3), [1, 1], [1, 1], [1, 1], 1),
-    ((4, 16, 14, 14), (16, 1, 3, 3), [2, 2], [1, 1], [1, 1], 16),  # depthwise, strided
-    ((3, 8, 33), (12, 8, 5), [1], [2], [2], 1),  # conv1d
-    ((2, 6, 5, 6, 7), (10, 6, 3, 3, 3), [1, 1, 1], [1, 1, 1], [1, 1, 1], 1),
+TRAIN_SILU_CASES = [  # (input shape, weight shape, stride, padding, dilation, groups); planes >= 512
+    ((4, 16, 24, 24), (32, 16, 3, 3), [1, 1], [1, 1], [1, 1], 1),
+    ((4, 16, 48, 46), (16, 1, 3, 3), [2, 2], [1, 1], [1, 1], 16),  # depthwise, strided: 24x23
+    ((3, 8, 600), (12, 8, 5), [1], [2], [2], 1),  # conv1d
+    ((2, 6, 8, 8, 10), (10, 6, 3, 3, 3), [1, 1, 1], [1, 1, 1], [1, 1, 1], 1),
 ]
 
 
@@ -575,10 +619,11 @@ def _grad_fn_names(t):
 @pytest.mark.parametrize("dtype, bn_dtype", [(torch.float16, torch.float32), (torch.bfloat16, torch.float32),
                                              (torch.float16, torch.float16)])
 def test_cuda_training_silu_runs_fused_against_float64(case, dtype, bn_dtype):
-    """conv -> batch_norm (training) -> silu, 16-bit, NCHW: the BatchNorm and
-    silu by custom_batch_norm_add_div_swish's kernels, forward and backward.
-    Output, the gradients of input, conv and BatchNorm parameters, and the
-    running statistics: within 2x eager's error against float64."""
+    """conv -> batch_norm (training) -> silu, 16-bit, NCHW planes of 512
+    elements or more: the BatchNorm and silu by
+    custom_batch_norm_add_div_swish's kernels, forward and backward.  Output,
+    the gradients of input, conv and BatchNorm parameters, and the running
+    statistics: within 2x eager's error against float64."""
     host, dev, conv_args = _cuda_case(case, dtype, False)
     dev = dev[:3] + [t.to(bn_dtype) for t in dev[3:]]
     gy_host = torch.randn(reference(*host[:3], *conv_args, *host[3:], False, 0.1, 1e-5, "none").shape,
@@ -642,14 +687,17 @@ def test_cuda_training_silu_keeps_less_alive_for_the_backward():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-@pytest.mark.parametrize("what", ["float32", "channels_last", "float64", "no_running_statistics", "relu"])
+@pytest.mark.parametrize("what", ["float32", "channels_last", "short_planes", "float64", "no_running_statistics",
+                                  "relu"])
 def test_cuda_training_keeps_the_original_ops_outside_the_fused_silu(what):
-    """trainSiluFuses negatives: float32 and channels-last conv outputs
-    (where cuDNN's BatchNorm and silu were the faster), float64, BatchNorm
-    without running statistics, and an activation other than silu run the
-    original ops."""
+    """trainSiluFuses negatives: float32 and channels-last conv outputs and
+    planes under 512 elements (where cuDNN's BatchNorm and silu were the
+    faster), float64, BatchNorm without running statistics, and an
+    activation other than silu run the original ops."""
     dtype = {"float32": torch.float32, "float64": torch.float64}.get(what, torch.float16)
-    _, dev, conv_args = _cuda_case(TRAIN_SILU_CASES[0], dtype, what == "channels_last")
+    case = ((4, 16, 22, 23), (32, 16, 3, 3), [1, 1], [1, 1], [1, 1], 1) if what == "short_planes" \
+        else TRAIN_SILU_CASES[0]
+    _, dev, conv_args = _cuda_case(case, dtype, what == "channels_last")
     dev = dev[:3] + [t.float() if dtype == torch.float16 else t for t in dev[3:]]
     leaves = [t.detach().clone().requires_grad_(i < 5) for i, t in enumerate(dev)]
     if what == "no_running_statistics":
