@@ -15,10 +15,10 @@
 //   the weight is smaller than the conv output (the fold's pass over the
 //   weight then costs less than BatchNorm's pass over the output).
 // In training on CUDA, a 16-bit NCHW batch_norm -> silu (planes of 512
-// elements or more) runs as
-// custom_batch_norm_add_div_swish (trainSiluFuses): its kernels compute the
-// batch statistics, update the running ones as aten::batch_norm does, and
-// fuse the normalization with silu, forward and backward.
+// elements or more) runs as custom_batch_norm_add_div_swish
+// (trainSiluFuses): its kernels compute the batch statistics, update the
+// running ones as aten::batch_norm does, and fuse the normalization with
+// silu, forward and backward.
 // Otherwise the call runs the original ops: in training (the batch
 // statistics and running-statistic updates are ATen's), where autograd
 // records (its gradients, and no folded weight kept for the backward), and
@@ -265,11 +265,13 @@ at::Tensor convBatchNormAct(
   checkDefined(kOp, "input", input);
   checkDefined(kOp, "weight", weight);
   const auto act = parseActivation(activation, activation_args, kOp);
-  const auto original = [&] {
-    auto y = convolve(input, weight, bias, stride, padding, dilation, groups);
+  const auto normalizeAndActivate = [&](const at::Tensor& y) {
     auto z = at::batch_norm(
         y, bn_weight, bn_bias, running_mean, running_var, training, momentum, eps, cudnn_enabled);
     return applyActivation(z, activation, activation_args);
+  };
+  const auto original = [&] {
+    return normalizeAndActivate(convolve(input, weight, bias, stride, padding, dilation, groups));
   };
   // NB: a tracer (torch.compile, torch.export, make_fx) sees the original's
   // ATen ops: fake tensors have no data for a kernel, and a kernel launched
@@ -279,13 +281,10 @@ at::Tensor convBatchNormAct(
     return original();
   }
   if (training && act.kind == kernels::ActivationKind::kSilu && input.is_cuda()) {
-    auto y = convolve(input, weight, bias, stride, padding, dilation, groups);
-    if (trainSiluFuses(y, bn_weight, bn_bias, running_mean, running_var)) {
-      return batchNormSiluTrain(y, bn_weight, bn_bias, *running_mean, *running_var, momentum, eps);
-    }
-    auto z = at::batch_norm(
-        y, bn_weight, bn_bias, running_mean, running_var, training, momentum, eps, cudnn_enabled);
-    return applyActivation(z, activation, activation_args);
+    const auto y = convolve(input, weight, bias, stride, padding, dilation, groups);
+    return trainSiluFuses(y, bn_weight, bn_bias, running_mean, running_var)
+        ? batchNormSiluTrain(y, bn_weight, bn_bias, *running_mean, *running_var, momentum, eps)
+        : normalizeAndActivate(y);
   }
   if (training || !defined(running_mean) || !defined(running_var)) {
     return original();
