@@ -714,14 +714,15 @@ def test_cuda_training_keeps_the_original_ops_outside_the_fused_silu(what):
 @pytest.mark.parametrize("autocast", [False, True])
 def test_cuda_scripted_silu_training_steps_keep_outputs_and_statistics(autocast):
     """A scripted conv -> BatchNorm -> SiLU trained 3 SGD steps through
-    torchfuse, against eager: outputs, parameters and running statistics
-    (under float16 autocast the BatchNorm and silu run fused)."""
+    torchfuse, against eager: outputs, parameters and running statistics.
+    Under float16 autocast the BatchNorm and silu run fused (24x24 planes),
+    in float32 they run the original ops."""
     torch.manual_seed(0)
     m = ConvBnAct(nn.SiLU()).cuda()
     ref = copy.deepcopy(m)
     opt = torchfuse.optimize(torch.jit.script(m.train()), layout="keep")
     assert fused_count(opt) == 1
-    x = signed(4, 3, 16, 16, seed=5).cuda()
+    x = signed(4, 3, 24, 24, seed=5).cuda()
     ctx = (lambda: torch.autocast("cuda", dtype=torch.float16)) if autocast else contextlib.nullcontext
     with ctx():
         got, want = _train_steps(opt, x), _train_steps(ref.train(), x)
@@ -733,6 +734,9 @@ def test_cuda_scripted_silu_training_steps_keep_outputs_and_statistics(autocast)
         torch.testing.assert_close(p, q, rtol=tol, atol=tol, msg=name)
     for (name, p), q in zip(m.named_buffers(), ref.buffers()):
         torch.testing.assert_close(p, q, rtol=tol, atol=tol, msg=name)
+    with ctx():
+        out = opt(x)
+    assert any("BatchNormAddDivSwish" in n for n in _grad_fn_names(out)) == autocast
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
