@@ -657,14 +657,15 @@ def _second_derivatives(fn, dev, conv_args):
 def test_cuda_training_silu_double_backward_is_the_original():
     """A backward with create_graph through the fused training chain: the
     second derivatives of the original, within 2x eager's error against
-    float64."""
+    float64.  (The conv bias's is zero: a training BatchNorm removes it;
+    both sides give rounding noise there, which is not compared.)"""
     host, dev, conv_args = _cuda_case(TRAIN_SILU_CASES[0], torch.float16, False)
     dev = dev[:3] + [t.float() for t in dev[3:]]
     out, got = _second_derivatives(_op, dev, conv_args)
     assert any("BatchNormAddDivSwish" in n for n in _grad_fn_names(out))
     _, want = _second_derivatives(reference, dev, conv_args)
     _, ref = _second_derivatives(reference, [t.double() for t in host], conv_args)
-    for i, name in enumerate(["x", "w", "b", "gamma", "beta"]):
+    for i, name in ((0, "x"), (1, "w"), (3, "gamma"), (4, "beta")):
         assert_close_to_reference(got[i], want[i], ref[i], what=f"second derivative {name}")
 
 
