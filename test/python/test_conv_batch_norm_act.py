@@ -38,11 +38,26 @@ def bn_state(c, seed, dtype=torch.float32, affine=True):
     return gamma, beta, mean, var
 
 
+# The op's activations as ATen's, with their activation_args.
+ACTIVATIONS = {
+    "none": (lambda t: t, []),
+    "relu": (F.relu, []),
+    "hardswish": (F.hardswish, []),
+    "silu": (F.silu, []),
+    "hardtanh": (lambda t: F.hardtanh(t, 0.0, 6.0), [0.0, 6.0]),
+    "hardsigmoid": (F.hardsigmoid, []),
+    "sigmoid": (torch.sigmoid, []),
+    "gelu": (F.gelu, []),
+    "gelu_tanh": (lambda t: F.gelu(t, approximate="tanh"), []),
+    "leaky_relu": (lambda t: F.leaky_relu(t, 0.1), [0.1]),
+}
+
+
 def reference(x, w, b, stride, padding, dilation, groups, gamma, beta, mean, var, training, momentum, eps, act):
     conv = {3: F.conv1d, 4: F.conv2d, 5: F.conv3d}[w.dim()]
     y = conv(x, w, b, stride, padding, dilation, groups)
     y = F.batch_norm(y, mean, var, gamma, beta, training, momentum, eps)
-    return {"none": lambda t: t, "relu": F.relu, "hardswish": F.hardswish, "silu": F.silu}[act](y)
+    return ACTIVATIONS[act][0](y)
 
 
 CASES = [  # (input shape, weight shape, stride, padding, dilation, groups)
@@ -57,7 +72,7 @@ CASES = [  # (input shape, weight shape, stride, padding, dilation, groups)
 
 
 @pytest.mark.parametrize("case", CASES)
-@pytest.mark.parametrize("act", ["none", "relu", "hardswish", "silu"])
+@pytest.mark.parametrize("act", list(ACTIVATIONS))
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("affine", [True, False])
 def test_eval_folds_as_batch_norm_computes(case, act, bias, affine):
@@ -66,7 +81,8 @@ def test_eval_folds_as_batch_norm_computes(case, act, bias, affine):
     w = signed(*ws, seed=2, dtype=torch.float64)
     b = signed(ws[0], seed=3, dtype=torch.float64) if bias else None
     gamma, beta, mean, var = bn_state(ws[0], 4, torch.float64, affine)
-    got = OP(x, w, b, stride, padding, dilation, groups, gamma, beta, mean, var, False, 0.1, 1e-5, True, act, [])
+    got = OP(x, w, b, stride, padding, dilation, groups, gamma, beta, mean, var, False, 0.1, 1e-5, True, act,
+             ACTIVATIONS[act][1])
     want = reference(x, w, b, stride, padding, dilation, groups, gamma, beta, mean, var, False, 0.1, 1e-5, act)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
@@ -411,7 +427,8 @@ def _activations(graph):
 
 
 @pytest.mark.parametrize("act, name", [(nn.ReLU(inplace=True), "relu_"), (nn.SiLU(), "silu"),
-                                       (nn.Hardswish(inplace=True), "hardswish_")])
+                                       (nn.Hardswish(inplace=True), "hardswish_"),
+                                       (nn.ReLU6(inplace=True), "hardtanh_")])
 @pytest.mark.parametrize("training", [True, False])
 def test_the_activation_joins_where_training_is_a_run_time_flag(act, name, training):
     """The chain's batch_norm writes its running statistics wherever
@@ -498,17 +515,20 @@ def _cuda_case(case, dtype, channels_last, seed=11):
 @pytest.mark.parametrize("case", CUDA_CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("channels_last", [False, True])
-@pytest.mark.parametrize("act", ["relu", "hardswish"])
+@pytest.mark.parametrize("act", [a for a in ACTIVATIONS if a != "none"])
 def test_cuda_eval_against_float64(case, dtype, channels_last, act):
     """No gradient recorded: the conv, then BatchNorm's affine map and the
-    activation in its epilogue; the output keeps the original's strides."""
+    activation in its epilogue (every activation the op takes: the pass
+    gives it each one FuseConvAddAct matches); the output keeps the
+    original's strides."""
     host, dev, (stride, padding, dilation, groups) = _cuda_case(case, dtype, channels_last)
     args64 = [t.double() for t in host]
     ref = reference(args64[0], args64[1], args64[2], stride, padding, dilation, groups, *args64[3:], False, 0.1,
                     1e-5, act)
     poison_allocator([ref.numel() * dtype.itemsize, host[1].numel() * dtype.itemsize])
     with torch.no_grad():
-        got = OP(dev[0], dev[1], dev[2], stride, padding, dilation, groups, *dev[3:], False, 0.1, 1e-5, True, act, [])
+        got = OP(dev[0], dev[1], dev[2], stride, padding, dilation, groups, *dev[3:], False, 0.1, 1e-5, True, act,
+                 ACTIVATIONS[act][1])
         want = reference(dev[0], dev[1], dev[2], stride, padding, dilation, groups, *dev[3:], False, 0.1, 1e-5, act)
     assert got.stride() == want.stride()
     assert_close_to_reference(got, want, ref, what=f"conv_batch_norm_act {case[1]} {dtype} cl={channels_last} {act}")
