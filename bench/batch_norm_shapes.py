@@ -74,6 +74,84 @@ def measure(shape, dtype, chain="swish", channels_last=False):
     return row
 
 
+# ----------------------------------------------------------------- report ----
+
+CHAIN_TITLES = {"swish": "batch_norm -> add -> div -> x*sigmoid(x)",
+                "silu": "batch_norm -> silu of a conv output (custom_conv_batch_norm_act's training route)"}
+
+
+def runs(data: dict) -> list:
+    """The latest run of each chain in a results file: a file of several
+    runs (`runs`, each with its rows) or one this script wrote."""
+    latest: dict = {}
+    for run in data.get("runs", [data]):
+        chain = run.get("chain") or ("silu" if "--chain silu" in run.get("command", "") else "swish")
+        latest[chain] = dict(run, chain=chain)
+    return [latest[c] for c in CHAIN_TITLES if c in latest]
+
+
+def _layout(row: dict) -> str:
+    """The input's layout where the run varied it (the silu chain's)."""
+    if "channels_last" not in row:
+        return "–"
+    return "CL" if row["channels_last"] else "NCHW"
+
+
+def _series(row: dict) -> str:
+    layout = _layout(row)
+    return row["dtype"] if layout == "–" else f"{row['dtype']} {layout}"
+
+
+def markdown_section(data: dict, png_rel=None, level: int = 2) -> str:
+    """bench/report.py's section of a results JSON of this script."""
+    h = "#" * level
+    out = [f"{h} BatchNorm in training: custom_batch_norm_add_div_swish against eager's ops ({data['gpu']})", "",
+           f"- torch {data['torch']}; forward, and forward + backward of a fixed random gradient, each the median "
+           f"of {REPS} calls timed with CUDA events after {WARMUP} warm-up calls; PyTorch's default flags",
+           "- ×: eager's time over the fused op's (> 1: faster); floor: the forward's memory traffic (x read "
+           "twice, the output written once) at 4.8 TB/s"]
+    for run in runs(data):
+        out += ["", f"{h}# {CHAIN_TITLES[run['chain']]}", "",
+                f"- commit `{run['commit']}`, {run['date']}; `{run['command']}`"
+                + (f"; {run['what']}" if run.get("what") else ""), "",
+                "| shape | dtype | layout | fwd fused µs | fwd eager µs | fwd × | floor µs | fwd+bwd fused µs "
+                "| fwd+bwd eager µs | fwd+bwd × |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in run["rows"]:
+            out.append(f"| {tuple(r['shape'])} | {r['dtype']} | {_layout(r)} | {r['fused_fwd_us']:.1f} | "
+                       f"{r['eager_fwd_us']:.1f} | {r['fwd_speedup']:.2f} | {r['floor_fwd_us']:.1f} | "
+                       f"{r['fused_fwdbwd_us']:.1f} | {r['eager_fwdbwd_us']:.1f} | {r['fwdbwd_speedup']:.2f} |")
+    if png_rel:
+        out += ["", f"![custom_batch_norm_add_div_swish against eager, forward + backward]({png_rel})"]
+    return "\n".join(out) + "\n"
+
+
+def chart(data: dict, png: str) -> bool:
+    """Forward + backward speedups of each chain's latest run: a bar per
+    dtype and layout over each shape."""
+    from report import pyplot, save_chart
+
+    plt = pyplot("batch_norm_shapes")
+    chains = runs(data)
+    if plt is None or not chains:
+        return False
+    groups = [(run["chain"], tuple(r["shape"])) for run in chains for r in run["rows"]]
+    groups = list(dict.fromkeys(groups))
+    series = list(dict.fromkeys(_series(r) for run in chains for r in run["rows"]))
+    ratio = {(run["chain"], tuple(r["shape"]), _series(r)): r["fwdbwd_speedup"]
+             for run in chains for r in run["rows"]}
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(groups)), 4.6))
+    width = 0.8 / len(series)
+    for k, name in enumerate(series):
+        xs = [i + (k - (len(series) - 1) / 2) * width for i in range(len(groups))]
+        ax.bar(xs, [ratio.get((c, sh, name), 0.0) for c, sh in groups], width, label=name, color=f"C{k}")
+    ax.axhline(1.0, color="k", linewidth=0.8)
+    ax.set_xticks(range(len(groups)))
+    ax.set_xticklabels([f"{c}\n{'x'.join(map(str, sh))}" for c, sh in groups], fontsize=7, rotation=30, ha="right")
+    ax.set_ylabel("× eager, forward + backward (> 1: faster)")
+    return save_chart(fig, ax, f"custom_batch_norm_add_div_swish in training, {data['gpu']}, torch {data['torch']}",
+                      data, png)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--chain", choices=["swish", "silu"], default="swish", help="the chain measured (see above)")

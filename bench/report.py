@@ -11,6 +11,8 @@ bar chart of torchfuse's speedups (docs/performance.png).
                               # with the DDP section (bench/ddp.py)
     python bench/report.py RESULTS.json --compile-rewrite bench/results/compile-rewrite-GPU.json
                               # with the section of bench/compile_rewrite.py
+    python bench/report.py RESULTS.json --batch-norm-shapes bench/results/batch-norm-shapes-GPU.json
+                              # with the section of bench/batch_norm_shapes.py
 
 Without a path it takes the newest JSON under bench/results/.
 """
@@ -445,6 +447,9 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-rewrite", default=None, metavar="JSON",
                     help="a bench/compile_rewrite.py results JSON: its section and chart (the --png path with "
                          "-compile-rewrite before .png) are added to the page")
+    ap.add_argument("--batch-norm-shapes", default=None, metavar="JSON",
+                    help="a bench/batch_norm_shapes.py results JSON: its section and chart (the --png path with "
+                         "-batch-norm before .png) are added to the page")
     a = ap.parse_args(argv)
     path = a.json
     if not path:
@@ -473,6 +478,8 @@ def main(argv=None) -> int:
         sections.append(("ddp", a.ddp, base + "-ddp.png"))
     if a.compile_rewrite:
         sections.append(("compile_rewrite", a.compile_rewrite, base + "-compile-rewrite.png"))
+    if a.batch_norm_shapes:
+        sections.append(("batch_norm_shapes", a.batch_norm_shapes, base + "-batch-norm.png"))
     for module, results, spng in sections:
         md += "\n" + section(module, results, spng, a.md, written)
     os.makedirs(os.path.dirname(os.path.abspath(a.md)), exist_ok=True)
