@@ -4,6 +4,7 @@ what a module computes.
     tools/fuzz_pass.py --programs N --seed S [--emit-regressions DIR]
                        [--modes train,eval,frozen,autocast,double_backward,fx,compile]
                        [--features tied,exported,attention,dropout|none]
+                       [--device cpu|cuda]
 
 Each program is a random nn.Module written as Python source from a small
 vocabulary (linear, conv1d/conv2d, batch_norm, layer_norm, relu/relu_, add/add_/sub,
@@ -35,7 +36,7 @@ scripted and optimized twice, and checked in these modes:
             again with layout="channels_last" (in half of those with the
             4-d inputs channels-last), where the outputs' strides must be
             the original's too;
-  autocast  the train mode's steps under torch.autocast('cpu', bfloat16)
+  autocast  the train mode's steps under torch.autocast(device, bfloat16)
             (float32): equal dtypes, values judged against the float64 run;
   double_backward  a gradient penalty: gradients with create_graph=True,
             then the gradients of the sum of their squares;
@@ -70,6 +71,13 @@ a pytest file.  The last line is
 
 Program k of seed S depends only on (S, k): `--seed S --start k --programs 1`
 reproduces it.
+
+`--device cuda` runs the same programs with their modules and inputs on
+the GPU (drawn on the CPU, then moved), so that the ops' CUDA kernels are
+checked against the original's CUDA ops; TF32 is off for the checks, as
+float32's tolerances assume.  A program that makes a CPU tensor in its
+forward (the `attention` feature's `torch.arange` masks) fails on the
+original there and is redrawn.
 
 The package: program (the generator), modes (running the original and the
 optimized module in each mode), judge (tolerances, rounding spread,

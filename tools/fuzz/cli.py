@@ -4,6 +4,8 @@ import argparse
 import time
 from typing import List, Sequence
 
+import torch
+
 import fuzz
 
 from .modes import MODES
@@ -37,15 +39,20 @@ def main(argv=None) -> int:
     ap.add_argument("--features", default=",".join(FEATURES), type=_names(FEATURES),
                     help="comma-separated program features to draw, or 'none' (default: all, %(default)s); "
                          "without them a program is the one drawn before they existed")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="where the modules and inputs live (default cpu; cuda checks the ops' CUDA kernels, "
+                         "with TF32 off)")
     ap.add_argument("--show", action="store_true", help="print the programs' source and exit")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: expected a CUDA device, but torch.cuda.is_available() is False")
     if args.show:
         for index in range(args.start, args.start + args.programs):
             print(f"# program {index}\n" + generate(args.seed, index * 100, args.features).source())
         return 0
     t0 = time.monotonic()
     s = run(args.programs, args.seed, args.start, not args.no_shrink, args.emit_regressions, args.verbose,
-            round_trip_every=args.round_trip_every, modes=args.modes, features=args.features)
+            round_trip_every=args.round_trip_every, modes=args.modes, features=args.features, device=args.device)
     print_summary(s, args.seed, args.start, args.programs, time.monotonic() - t0, args.modes, args.features)
     return 1 if s.failed else 0

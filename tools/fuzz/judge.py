@@ -196,7 +196,7 @@ def _spread(before, inputs, dtype, seed: int, values_a, evaluate, ulps: float = 
     g = torch.Generator().manual_seed(seed + 1000)
 
     def jitter(t):
-        return t * (1 + eps * torch.randn(t.shape, dtype=t.dtype, generator=g))
+        return t * (1 + eps * torch.randn(t.shape, dtype=t.dtype, generator=g).to(t.device))
 
     for _ in range(PERTURBATION_RUNS_MAX):
         module = copy.deepcopy(before)

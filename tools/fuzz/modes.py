@@ -91,13 +91,15 @@ def _loss_weights(outputs, rng_seed: int) -> List[torch.Tensor]:
     float64 results are their exact answers (torch.randn in float32 draws
     other numbers than in float64 from 16 elements on)."""
     g = torch.Generator().manual_seed(rng_seed)
-    return [torch.randn(o.shape, dtype=torch.float64, generator=g).to(o.dtype) for o in outputs]
+    return [torch.randn(o.shape, dtype=torch.float64, generator=g).to(device=o.device, dtype=o.dtype)
+            for o in outputs]
 
 
 def _run_step(ref, opt, inputs, rng_seed, dtype, grads: bool, params: bool, what: str, outcome: Outcome,
               method: str = "forward", autocast: bool = False, strides: bool = False):
     """One forward (and backward) of both modules' `method` on equal inputs;
-    with `autocast`, the forwards under CPU autocast to bfloat16 (see
+    with `autocast`, the forwards under autocast to bfloat16 on the inputs'
+    device (see
     _judge for the tolerance) and the backwards after it, as in training
     with mixed precision; with `strides`, the outputs' strides must be the
     original's too (_strides_mismatch)."""
@@ -110,7 +112,8 @@ def _run_step(ref, opt, inputs, rng_seed, dtype, grads: bool, params: bool, what
     for m in (ref, opt):
         for p in m.parameters():
             p.grad = None
-    context = (lambda: torch.autocast("cpu", torch.bfloat16)) if autocast else contextlib.nullcontext
+    device = _device_of(ref, inputs)
+    context = (lambda: torch.autocast(device.type, torch.bfloat16)) if autocast else contextlib.nullcontext
     try:
         with context():
             out_a = _flat(getattr(ref, method)(*ins_a))
@@ -297,7 +300,9 @@ def _second_derivative_wrong(ref, opt, inputs, seed: int, values_a, values_b, di
     g = torch.Generator().manual_seed(seed + 2000)
     names = [f"input {i}" for i in range(len(inputs))] + [n for n, _ in ref.named_parameters()]
     shapes = [t.shape for t in inputs] + [p.shape for _, p in ref.named_parameters()]
-    dirs = {n: torch.randn(s, dtype=torch.float64, generator=g) if n in differing else torch.zeros(s, dtype=torch.float64)
+    device = _device_of(ref, inputs)
+    dirs = {n: (torch.randn(s, dtype=torch.float64, generator=g) if n in differing
+                else torch.zeros(s, dtype=torch.float64)).to(device)
             for n, s in zip(names, shapes)}
 
     def penalty(module0, sign: float) -> float:
@@ -325,6 +330,15 @@ def _second_derivative_wrong(ref, opt, inputs, seed: int, values_a, values_b, di
         return False
 
 
+def _device_of(module, inputs) -> torch.device:
+    """The device a check runs on: its inputs', else its parameters' and
+    buffers' (the CPU for a program without tensors)."""
+    for t in itertools.chain(inputs, module.parameters(), module.buffers()):
+        if isinstance(t, torch.Tensor):
+            return t.device
+    return torch.device("cpu")
+
+
 def _values(module, outputs, ins) -> Dict[str, torch.Tensor]:
     """What a step is compared on, before the backward: outputs, inputs
     written in place, buffers."""
@@ -350,6 +364,7 @@ def check_source(
     stop_early: bool = False,
     round_trip: bool = True,
     channels_last: Optional[str] = None,
+    device: str = "cpu",
 ) -> Outcome:
     """Runs `source` (a class Program) and its optimized forms as described
     in the module docstring; with `round_trip`, also the optimized forms
@@ -357,8 +372,11 @@ def check_source(
     in the class names what the frozen mode preserves (the first: an
     exported method taking forward's inputs).  `channels_last`: the frozen
     mode's channels-last variant, "contiguous" or "channels_last" (its 4-d
-    inputs so), "none", or None to draw it (see CHANNELS_LAST).  Raises
-    Invalid if the original cannot run."""
+    inputs so), "none", or None to draw it (see CHANNELS_LAST).  `device`:
+    where the modules and inputs live (drawn on the CPU, then moved); on
+    CUDA, TF32 is off for the check (cuDNN's default allows it for float32
+    convolutions), so that float32 results carry float32 rounding, as the
+    judge's tolerances assume.  Raises Invalid if the original cannot run."""
     cls = load_class(source)
     if channels_last is None:
         channels_last = _draw_channels_last(source, seed)
@@ -373,12 +391,15 @@ def check_source(
     # barriers cost milliseconds per op.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+    tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     try:
         with torch.jit.optimized_execution(False):
             _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, preserved, outcome,
-                   channels_last)
+                   channels_last, torch.device(device))
     finally:
         torch.set_num_threads(threads)
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
     return outcome
 
 
@@ -639,15 +660,15 @@ def _check_mode(ref, opt, steps, inputs, seed, dtype, params: bool, label: str, 
     outcome.within_spread += after.within_spread
 
 
-def _to_dtype(model, dtype):
-    """model.to(dtype), its parameters and buffers shared as before
+def _to_dtype(model, dtype, device=None):
+    """model.to(device, dtype), its parameters and buffers shared as before
     (Module.to converts each module's buffers apart, untying shared ones)."""
     groups = collections.defaultdict(list)
     for kind, named in (("_parameters", model.named_parameters(remove_duplicate=False)),
                         ("_buffers", model.named_buffers(remove_duplicate=False))):
         for name, t in named:
             groups[id(t)].append((kind, name))
-    model = model.to(dtype)
+    model = model.to(device=device, dtype=dtype)
     for members in groups.values():
         kind, name = members[0]
         first = getattr(model.get_submodule(name.rpartition(".")[0]), kind)[name.rpartition(".")[2]]
@@ -657,7 +678,7 @@ def _to_dtype(model, dtype):
 
 
 def _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, preserved, outcome,
-           channels_last: str = "none") -> None:
+           channels_last: str = "none", device: torch.device = torch.device("cpu")) -> None:
     """The modes of one program, float64 first: the float32 runs are
     judged against its results.  The autocast steps are the train mode's
     steps again (so "autocast" needs those: it runs them), on copies of
@@ -666,13 +687,13 @@ def _check(cls, input_shapes, seed, dtypes, modes, stop_early, round_trip, prese
     for dname in dtypes:
         dtype = DTYPES[dname]
         torch.manual_seed(seed)
-        model = _to_dtype(cls(), dtype)
+        model = _to_dtype(cls(), dtype, device)
         frozen_base = copy.deepcopy(model).eval()
         train_base = copy.deepcopy(model)  # NB: before the steps write its state
         nonfinite_base = copy.deepcopy(model) if NONFINITE in modes else None
         fx_base = copy.deepcopy(model) if FX in modes or COMPILE in modes else None
         g = torch.Generator().manual_seed(seed + 1)
-        inputs = [torch.randn(s, generator=g).to(dtype) for s in input_shapes]
+        inputs = [torch.randn(s, generator=g).to(device=device, dtype=dtype) for s in input_shapes]
         variant_inputs = None if channels_last == "none" else [
             t.contiguous(memory_format=torch.channels_last) if channels_last == "channels_last" and t.dim() == 4
             else t for t in inputs]

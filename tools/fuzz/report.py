@@ -89,9 +89,9 @@ class Summary:
 def run(programs: int, seed: int, start: int = 0, shrink_failures: bool = True,
         emit_dir: Optional[str] = None, verbose: bool = False, log=print,
         round_trip_every: int = 1, modes: Sequence[str] = tuple(MODES),
-        features: Sequence[str] = tuple(FEATURES)) -> Summary:
+        features: Sequence[str] = tuple(FEATURES), device: str = "cpu") -> Summary:
     """Checks programs start..start+programs-1 of `seed`, drawn with
-    `features`, in `modes`; those whose index is a multiple of
+    `features`, in `modes`, on `device`; those whose index is a multiple of
     `round_trip_every` (none if 0) also after save/load."""
     summary = Summary()
     for index in range(start, start + programs):
@@ -102,7 +102,7 @@ def run(programs: int, seed: int, start: int = 0, shrink_failures: bool = True,
         for attempt in range(20):
             prog = generate(seed, index * 100 + attempt, features)
             try:
-                outcome = check_program(prog, seed=index, round_trip=round_trip, modes=modes)
+                outcome = check_program(prog, seed=index, round_trip=round_trip, modes=modes, device=device)
                 break
             except Invalid:
                 summary.invalid += 1
@@ -145,7 +145,7 @@ def run(programs: int, seed: int, start: int = 0, shrink_failures: bool = True,
             require = AFTER_SAVE_LOAD if AFTER_SAVE_LOAD in first else ""
             if f" {CHANNELS_LAST}" in first:
                 require = f" {CHANNELS_LAST}"  # NB: not into a failure of the plain frozen mode
-            prog = shrink(prog, index, dtypes, shrink_modes, require=require)
+            prog = shrink(prog, index, dtypes, shrink_modes, require=require, device=device)
         log(textwrap.indent(prog.source(), "    "))
         log(f"    inputs: {[list(s) for _, s in prog.live_inputs()]}, check seed {index}")
         summary.failures.append((index, prog, outcome.failures))

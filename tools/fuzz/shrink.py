@@ -51,7 +51,7 @@ def _size(prog: Program) -> int:
 
 
 def shrink(prog: Program, seed: int, dtypes, modes, budget_s: float = 120.0,
-           require: str = "") -> Program:
+           require: str = "", device: str = "cpu") -> Program:
     """Greedily simplifies `prog` while check_program still fails in the
     given dtypes and modes, with a failure message containing `require`
     (e.g. AFTER_SAVE_LOAD, so that a failure after save/load does not
@@ -66,7 +66,7 @@ def shrink(prog: Program, seed: int, dtypes, modes, budget_s: float = 120.0,
             if _size(cand) >= _size(prog):
                 continue
             try:
-                out = check_program(cand, seed, dtypes=dtypes, modes=modes, stop_early=True)
+                out = check_program(cand, seed, dtypes=dtypes, modes=modes, stop_early=True, device=device)
             except Invalid:
                 continue
             except Exception:  # noqa: BLE001  (e.g. a shape error in the candidate)
