@@ -181,6 +181,13 @@ struct BatchNormParamGradTypes {
 };
 BatchNormParamGradTypes batchNormParamGradTypes(const BatchNormAddDivSwishBackwardArgs& a);
 
+#ifdef TORCHFUSE_WITH_CUDA
+// Whether the CUDA kernels (ops/cuda/batch_norm_add_div_swish_kernel.cpp)
+// take a forward call's arguments, rather than the reference composition.
+// Never throws.
+bool batchNormAddDivSwishCudaTakes(const BatchNormAddDivSwishArgs& a);
+#endif
+
 // Reference kernels (ops/cpu/): ATen compositions that run on any device.
 at::Tensor batchNormAddDivSwishComposite(const BatchNormAddDivSwishArgs& a);
 

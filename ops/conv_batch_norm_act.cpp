@@ -16,7 +16,7 @@
 //   weight then costs less than BatchNorm's pass over the output).
 // In training on CUDA, a 16-bit NCHW batch_norm -> silu (planes of 512
 // elements or more) runs as custom_batch_norm_add_div_swish
-// (trainSiluFuses): its kernels compute the batch statistics, update the
+// (trainSiluPays, batchNormSiluTrain): its kernels compute the batch statistics, update the
 // running ones as aten::batch_norm does, and fuse the normalization with
 // silu, forward and backward.
 // Otherwise the call runs the original ops: in training (the batch
@@ -43,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "ops/batch_norm_add_div_swish.h"
 #include "ops/common/checks.h"
 #include "ops/common/conv_composites.h"
 #include "ops/conv_add_act.h"
@@ -174,7 +175,8 @@ std::pair<at::Tensor, at::Tensor> foldWithAten(
   return {folded, shift.to(weight.scalar_type())};
 }
 
-// Whether a training batch_norm -> silu over the conv output y runs as
+#ifdef TORCHFUSE_WITH_CUDA
+// Whether a training batch_norm -> silu over the conv output y pays as
 // custom_batch_norm_add_div_swish's CUDA kernels: the statistics, the update
 // of the running ones, and normalize + silu in two passes over y, their
 // backward in two more, from y alone (eager's batch_norm and silu take
@@ -187,13 +189,12 @@ std::pair<at::Tensor, at::Tensor> foldWithAten(
 // were faster on most shapes.  Short planes (14x14, 7x7) make the planes'
 // reduction read short rows: there the kernels lost on some runs.  NCHW
 // also settles the output's layout: eager's silu gives canonical contiguous
-// strides, the kernels y's, which are those.
+// strides, the kernels y's, which are those.  Whether the kernels take the
+// BatchNorm tensors is theirs to say (batchNormAddDivSwishCudaTakes).
 constexpr int64_t kMinTrainSiluPlane = 512;
 
-bool trainSiluFuses(
+bool trainSiluPays(
     const at::Tensor& y,
-    const std::optional<at::Tensor>& bn_weight,
-    const std::optional<at::Tensor>& bn_bias,
     const std::optional<at::Tensor>& running_mean,
     const std::optional<at::Tensor>& running_var) {
   const auto s = y.scalar_type();
@@ -206,29 +207,17 @@ bool trainSiluFuses(
   for (int64_t d = 2; d < y.dim(); ++d) {
     plane *= y.size(d);
   }
-  if (plane < kMinTrainSiluPlane) {
-    return false;
-  }
-  const auto p = running_mean->scalar_type();
-  const int64_t c = y.size(1);
-  const auto param = [&](const std::optional<at::Tensor>& t, bool required, bool written) {
-    if (!defined(t)) {
-      return !required;
-    }
-    return t->dim() == 1 && t->size(0) == c && t->scalar_type() == p && t->device() == y.device() &&
-        (!written || t->is_contiguous());
-  };
-  return (p == at::kFloat || p == s) && param(running_mean, true, true) &&
-      param(running_var, true, true) && param(bn_weight, false, false) &&
-      param(bn_bias, false, false);
+  return plane >= kMinTrainSiluPlane;
 }
 
 // silu(batch_norm(y)) in training by custom_batch_norm_add_div_swish, with
-// other 0 and divisor 1 (t = batch_norm(y) + 0 exactly).  NB: autocast is
-// off for the nested call: the original's batch_norm and silu have no
-// autocast policy and run in y's dtype, where the op's Autocast kernel
-// would cast as for the add it stands for.
-at::Tensor batchNormSiluTrain(
+// other 0 and divisor 1 (t = batch_norm(y) + 0 exactly), where its CUDA
+// kernels take the arguments; nullopt otherwise (its reference composition
+// would add an add and a div to the original's ops).  NB: autocast is off
+// for the nested call: the original's batch_norm and silu have no autocast
+// policy and run in y's dtype, where the op's Autocast kernel would cast as
+// for the add it stands for.
+std::optional<at::Tensor> batchNormSiluTrain(
     const at::Tensor& y,
     const std::optional<at::Tensor>& bn_weight,
     const std::optional<at::Tensor>& bn_bias,
@@ -236,13 +225,20 @@ at::Tensor batchNormSiluTrain(
     const at::Tensor& running_var,
     double momentum,
     double eps) {
-  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   at::Tensor rm = running_mean;
   at::Tensor rv = running_var;
+  const auto zero = at::zeros({}, y.options());
+  const at::Scalar one(1);
+  if (!batchNormAddDivSwishCudaTakes(
+          {y, bn_weight, bn_bias, rm, rv, /*training=*/true, momentum, eps, zero, one,
+           /*silu=*/true})) {
+    return std::nullopt;
+  }
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
   return custom_batch_norm_add_div_swish(
-      y, bn_weight, bn_bias, rm, rv, /*training=*/true, momentum, eps, at::zeros({}, y.options()),
-      1, /*silu=*/true);
+      y, bn_weight, bn_bias, rm, rv, /*training=*/true, momentum, eps, zero, one, /*silu=*/true);
 }
+#endif
 
 at::Tensor convBatchNormAct(
     const at::Tensor& input,
@@ -280,12 +276,18 @@ at::Tensor convBatchNormAct(
       anySubclassLike({&bias, &bn_weight, &bn_bias, &running_mean, &running_var})) {
     return original();
   }
+#ifdef TORCHFUSE_WITH_CUDA
   if (training && act.kind == kernels::ActivationKind::kSilu && input.is_cuda()) {
     const auto y = convolve(input, weight, bias, stride, padding, dilation, groups);
-    return trainSiluFuses(y, bn_weight, bn_bias, running_mean, running_var)
-        ? batchNormSiluTrain(y, bn_weight, bn_bias, *running_mean, *running_var, momentum, eps)
-        : normalizeAndActivate(y);
+    if (trainSiluPays(y, running_mean, running_var)) {
+      if (auto out = batchNormSiluTrain(
+              y, bn_weight, bn_bias, *running_mean, *running_var, momentum, eps)) {
+        return *out;
+      }
+    }
+    return normalizeAndActivate(y);
   }
+#endif
   if (training || !defined(running_mean) || !defined(running_var)) {
     return original();
   }

@@ -315,6 +315,11 @@ BatchNormAddDivSwishGrads batchNormAddDivSwishBackwardCuda(
 }
 
 } // namespace
+
+bool batchNormAddDivSwishCudaTakes(const BatchNormAddDivSwishArgs& a) {
+  return batchNormAddDivSwishHandles(a) && forwardPlan(a).has_value();
+}
+
 } // namespace torchfuse::ops
 
 TORCH_LIBRARY_IMPL(torchfuse, CUDA, m) {

@@ -711,10 +711,11 @@ def test_cuda_training_silu_keeps_less_alive_for_the_backward():
 @pytest.mark.parametrize("what", ["float32", "channels_last", "short_planes", "float64", "no_running_statistics",
                                   "relu"])
 def test_cuda_training_keeps_the_original_ops_outside_the_fused_silu(what):
-    """trainSiluFuses negatives: float32 and channels-last conv outputs and
-    planes under 512 elements (where cuDNN's BatchNorm and silu were the
-    faster), float64, BatchNorm without running statistics, and an
-    activation other than silu run the original ops."""
+    """trainSiluPays and batchNormAddDivSwishCudaTakes negatives: float32
+    and channels-last conv outputs and planes under 512 elements (where
+    cuDNN's BatchNorm and silu were the faster), float64, BatchNorm without
+    running statistics, and an activation other than silu run the original
+    ops."""
     dtype = {"float32": torch.float32, "float64": torch.float64}.get(what, torch.float16)
     case = ((4, 16, 22, 23), (32, 16, 3, 3), [1, 1], [1, 1], [1, 1], 1) if what == "short_planes" \
         else TRAIN_SILU_CASES[0]
