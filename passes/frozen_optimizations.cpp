@@ -1,5 +1,6 @@
 #include "passes/frozen_optimizations.h"
 
+#include <torch/csrc/jit/ir/alias_analysis.h>
 #include <torch/csrc/jit/ir/constants.h>
 #include <torch/csrc/jit/passes/frozen_concat_linear.h>
 #include <torch/csrc/jit/passes/frozen_conv_folding.h>
@@ -65,12 +66,40 @@ bool linearBatchNormFoldingKeepsMeaning(const torch::jit::Block* block) {
   });
 }
 
+bool linearConcatenationKeepsMeaning(const std::shared_ptr<torch::jit::Graph>& graph) {
+  const auto linear = c10::Symbol::fromQualString("aten::linear");
+  torch::jit::AliasDb aliasDb(graph);
+  std::function<bool(const torch::jit::Block*)> keeps = [&](const torch::jit::Block* block) {
+    for (const auto* node : block->nodes()) {
+      for (const auto* sub : node->blocks()) {
+        if (!keeps(sub)) {
+          return false;
+        }
+      }
+      if (node->kind() != linear || !aliasDb.hasWriters(node->output())) {
+        continue;
+      }
+      const auto& uses = node->input(0)->uses();
+      const bool shared = std::any_of(uses.begin(), uses.end(), [&](const torch::jit::Use& use) {
+        return use.user != node && use.user->kind() == linear && use.offset == 0;
+      });
+      if (shared) {
+        return false;
+      }
+    }
+    return true;
+  };
+  return keeps(graph->block());
+}
+
 bool optimizeFrozenGraph(std::shared_ptr<torch::jit::Graph>& graph) {
   if (!batchNormsAreInference(graph->block())) {
     return false;
   }
   torch::jit::removeDropout(graph);
-  torch::jit::FrozenConcatLinear(graph);
+  if (linearConcatenationKeepsMeaning(graph)) {
+    torch::jit::FrozenConcatLinear(graph);
+  }
   bool changed = true;
   while (changed) {
     changed = torch::jit::FoldFrozenConvBatchnorm(graph);

@@ -24,8 +24,16 @@ bool batchNormsAreInference(const torch::jit::Block* block);
 // torch's FoldFrozenLinearBatchnorm checks neither.
 bool linearBatchNormFoldingKeepsMeaning(const torch::jit::Block* block);
 
+// True when no aten::linear that shares its input with another linear has
+// an output that something writes (in place, or through a view).  NB:
+// torch's FrozenConcatLinear (CUDA weights only) turns such linears into
+// slices of one linear's output: then an in-place op on one output bumps
+// the version of the others, and a backward that saved one of them fails.
+bool linearConcatenationKeepsMeaning(const std::shared_ptr<torch::jit::Graph>& graph);
+
 // torch::jit::OptimizeFrozenGraph's passes in its order (dropout removed,
-// linears of one input concatenated, then until nothing changes: BatchNorm
+// linears of one input concatenated where
+// linearConcatenationKeepsMeaning holds, then until nothing changes: BatchNorm
 // and constant add/sub/mul/div folded into a conv, BatchNorm folded into a
 // linear), where batchNormsAreInference holds, the linear folding only
 // where linearBatchNormFoldingKeepsMeaning holds.  Returns whether they ran.

@@ -2,10 +2,12 @@
 (passes/frozen_optimizations.cpp) before the fusions, except where a
 BatchNorm is not constantly in inference (batchNormsAreInference), and
 folds a BatchNorm into a linear only where that keeps the meaning
-(linearBatchNormFoldingKeepsMeaning)."""
+(linearBatchNormFoldingKeepsMeaning), and joins linears of one input only
+where none of their outputs is written (linearConcatenationKeepsMeaning)."""
 
 import copy
 
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -156,3 +158,52 @@ def test_unfrozen_result_keeps_batch_norm():
     model = _model().eval()
     opt = torchfuse.optimize(torch.jit.script(copy.deepcopy(model)))
     assert "aten::batch_norm" in kinds(opt)
+
+
+class SiblingLinears(nn.Module):
+    """Two linears of one input; one output clamped, the other written in
+    place when `in_place` (fuzzer, --device cuda, seed 0, program 52)."""
+
+    def __init__(self, in_place: bool):
+        super().__init__()
+        self.in_place = in_place
+        self.fc0 = nn.Linear(6, 6)
+        self.fc1 = nn.Linear(6, 5)
+
+    def forward(self, x):
+        a = F.hardtanh(self.fc0(x), -1.0, 1.0)
+        b = self.fc1(x)
+        b = F.relu6(b, inplace=True) if self.in_place else F.relu6(b)
+        return a, b
+
+
+def _grads(module, x):
+    x = x.detach().clone().requires_grad_()
+    a, b = module(x)
+    (a * 1.5 + 0.5).sum().backward(retain_graph=True)
+    (b * -0.25).sum().backward()
+    return (a.detach(), b.detach(), x.grad)
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_linears_joined_only_where_no_output_is_written(in_place):
+    """On CUDA, torch's FrozenConcatLinear makes the two outputs slices of one
+    tensor: relu6_ on one then bumps the version of the other, which
+    hardtanh's backward saved, and the backward raises (as it does for
+    torch.jit.freeze's own result).  Without the in-place write the linears
+    are joined (one aten::linear left), with it they are not."""
+    torch.manual_seed(0)
+    model = SiblingLinears(in_place).double().cuda().eval()
+    x = signed(3, 4, 6).cuda()
+    opt = torchfuse.optimize(torch.jit.script(copy.deepcopy(model)), freeze=True,
+                             passes=[n for n in torchfuse.pass_names() if n != "linear_act"])
+    linears = kinds(opt).count("aten::linear")
+    assert linears == (2 if in_place else 1), kinds(opt)
+    for got, want in zip(_grads(opt, x), _grads(model, x)):
+        torch.testing.assert_close(got, want)
+    if in_place:
+        frozen = torch.jit.freeze(torch.jit.script(copy.deepcopy(model)))
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            _grads(frozen, x)

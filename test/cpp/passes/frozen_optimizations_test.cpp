@@ -78,6 +78,30 @@ graph(%x : Float(5, 4)):
   EXPECT_FALSE(linearBatchNormFoldingKeepsMeaning(with("Float(2, 5, 4)", "%x")->block()));
 }
 
+TEST(FrozenOptimizations, LinearsConcatenatedOnlyWhereNoSiblingOutputIsWritten) {
+  const std::string ir = R"IR(
+graph(%x : Float(5, 4), %y : Float(5, 4)):
+  %w : Float(4, 4, strides=[4, 1], requires_grad=0, device=cpu) = prim::Constant[value=<Tensor>]()
+  %v : Float(4, strides=[1], requires_grad=0, device=cpu) = prim::Constant[value=<Tensor>]()
+  %a : Tensor = aten::linear(%x, %w, %v)
+  %b : Tensor = aten::linear(%SECOND, %w, %v)
+  %t : Tensor = aten::tanh(%a)
+  %r : Tensor = aten::WRITE(%b)
+  return (%t, %r))IR";
+  auto with = [&](const std::string& second, const std::string& write) {
+    auto s = ir;
+    s.replace(s.find("%SECOND"), 7, second);
+    s.replace(s.find("WRITE"), 5, write);
+    return parse(s);
+  };
+  EXPECT_TRUE(linearConcatenationKeepsMeaning(with("%x", "relu")));
+  // NB: the linears of one input, one output written in place, and so its
+  // sibling's version (tanh's backward saved it) if they became slices
+  EXPECT_FALSE(linearConcatenationKeepsMeaning(with("%x", "relu_")));
+  // the written linear reads an input of its own: it is never joined
+  EXPECT_TRUE(linearConcatenationKeepsMeaning(with("%y", "relu_")));
+}
+
 TEST(FrozenOptimizations, FoldsAnInferenceBatchNorm) {
   auto graph = parse(convBatchNorm("%t : bool = prim::Constant[value=0]()"));
   EXPECT_TRUE(optimizeFrozenGraph(graph));
