@@ -19,8 +19,7 @@
 // one value per channel, or it raises).  Those reads keep the conv output
 // alive, so before matching they read the conv's input (the rank, which a
 // conv keeps) or the conv's output size computed from its input and weight
-// sizes (integer arithmetic where the read was: a conv on meta tensors
-// would cost about 80 us of CPU per call, measured), so that errors come
+// sizes (custom_conv_output_size, where the read was), so that errors come
 // where and when they came (detachShapeReads).
 // Excluded: a batch_norm whose `training` is the constant true (a module
 // traced in training: nothing to fold, ever), chains whose intermediates
@@ -32,8 +31,6 @@
 // NB: runs after batch_norm_add_div_swish (passes/registry.cpp), whose
 // chain starts at the batch_norm.
 
-#include <torch/csrc/api/include/torch/jit.h>
-#include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/ir/ir.h>
 #include <torch/csrc/jit/jit_log.h>
 
@@ -57,30 +54,6 @@ bool notTrainingConstant(const Node* bn) {
 
 bool isShapeRead(const Node* n) {
   return hasSchema(n, "aten::dim", "") || hasSchema(n, "aten::size", "");
-}
-
-// conv{1,2,3}d's output size (batched or not), as ATen computes it for
-// the shapes it accepts; a one-element stride, padding or dilation list
-// holds for every spatial dimension, as ATen expands it.
-torch::jit::Graph& convOutputSizeGraph() {
-  static const auto unit = torch::jit::compile(R"(
-def conv_output_size(x: Tensor, w: Tensor, stride: List[int], padding: List[int],
-                     dilation: List[int]) -> List[int]:
-    xs = x.size()
-    ws = w.size()
-    spatial = len(ws) - 2
-    out: List[int] = [ws[0]]
-    if len(xs) == len(ws):
-        out = [xs[0], ws[0]]
-    first = len(xs) - spatial
-    for i in range(spatial):
-        s = stride[i] if len(stride) > 1 else stride[0]
-        p = padding[i] if len(padding) > 1 else padding[0]
-        d = dilation[i] if len(dilation) > 1 else dilation[0]
-        out.append((xs[first + i] + 2 * p - d * (ws[2 + i] - 1) - 1) // s + 1)
-    return out
-)");
-  return *torch::jit::toGraphFunction(unit->get_function("conv_output_size")).graph();
 }
 
 // conv -> batch_norm with nothing else reading the conv output but shape
@@ -124,10 +97,10 @@ int64_t detachShapeReads(torch::jit::Graph& graph) {
         read->replaceInput(0, conv->input(0)); // conv{1,2,3}d keep the rank
       } else {
         torch::jit::WithInsertPoint guard(read);
-        const auto sizes = torch::jit::insertGraph(
-            graph, convOutputSizeGraph(),
+        auto* sizes = graph.insert(
+            c10::Symbol::fromQualString("torchfuse::custom_conv_output_size"),
             {conv->input(0), conv->input(1), conv->input(3), conv->input(4), conv->input(5)});
-        read->output()->replaceAllUsesWith(sizes.at(0));
+        read->output()->replaceAllUsesWith(sizes);
         read->destroy();
       }
       ++moved;

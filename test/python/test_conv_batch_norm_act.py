@@ -351,6 +351,74 @@ def test_one_element_conv_lists_keep_the_size_check():
         opt(signed(1, 3, 2, 2))  # (2 + 2 - 2 - 1) // 2 + 1 = 1 per dimension
 
 
+SIZE_OP = torch.ops.torchfuse.custom_conv_output_size.default
+
+# (input size, weight size, stride, padding, dilation): batched and
+# unbatched, 1-, 2- and 3-d, one-element lists, grouped weights, a 1x1
+# output.
+CONV_SIZES = [
+    ((2, 3, 9, 7), (4, 3, 3, 2), [2, 1], [1, 0], [1, 2]),
+    ((3, 9, 7), (4, 3, 3, 3), [1], [2], [1]),
+    ((2, 4, 11), (6, 2, 4), [3], [1], [2]),
+    ((4, 11), (6, 4, 1), [1], [0], [1]),
+    ((1, 2, 5, 6, 7), (3, 2, 2, 3, 1), [1, 2, 3], [0, 1, 0], [2, 1, 1]),
+    ((2, 3, 2, 2), (5, 3, 2, 2), [3], [0], [1]),
+]
+
+
+@pytest.mark.parametrize("xs, ws, stride, padding, dilation", CONV_SIZES)
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_conv_output_size_is_the_conv_outputs(xs, ws, stride, padding, dilation, device):
+    """custom_conv_output_size, which the pass puts where BatchNorm read its
+    input's sizes, gives the conv's output sizes (on meta tensors too)."""
+    x, w = signed(*xs, seed=1).to(device), signed(*ws, seed=2).to(device)
+    groups = xs[-len(ws) + 1] // ws[1]
+    want = list(F.__dict__[f"conv{len(ws) - 2}d"](x, w, None, stride, padding, dilation, groups).shape)
+    assert SIZE_OP(x, w, stride, padding, dilation) == want
+
+
+def test_conv_output_size_opcheck():
+    torch.library.opcheck(SIZE_OP, (signed(2, 3, 9, 7, seed=1), signed(4, 3, 3, 2, seed=2), [2, 1], [1], [1, 2]))
+
+
+@pytest.mark.parametrize("xs, stride, padding, dilation", [
+    ((1, 3, 5, 5), [1, 1, 1], [0], [1]),   # a list too long
+    ((1, 3, 5, 5), [0], [0], [1]),         # a zero stride
+    ((1, 3, 5, 5), [1], [0], []),          # an empty list
+    ((1, 3, 2, 2), [2], [0], [1]),         # (2 - 2 - 1) // 2 + 1: 0 by floor, 1 by truncation
+])
+def test_conv_output_size_of_a_shape_the_conv_rejects_leaves_the_error_to_the_conv(xs, stride, padding, dilation):
+    """Where the conv raises, the sizes do not hold one value per channel:
+    BatchNorm's check passes and the fused op's conv raises its own error,
+    as the original's conv did before its sizes were read."""
+    x, w = signed(*xs, seed=1), signed(4, 3, 3, 3, seed=2)
+    with pytest.raises(RuntimeError):
+        F.conv2d(x, w, None, stride, padding, dilation)
+    sizes = SIZE_OP(x, w, stride, padding, dilation)
+    assert len(sizes) == 4 and sizes[:2] == [1, 4]
+    assert sizes[0] * sizes[2] * sizes[3] != 1, sizes
+
+
+def test_training_graph_reads_the_conv_output_size_in_one_call():
+    """The training graph's BatchNorm size check reads one
+    custom_conv_output_size per chain, no interpreted arithmetic: the
+    optimized graph has no more nodes than the scripted one."""
+    m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(inplace=True),
+                      nn.Conv2d(4, 4, 3, stride=2, padding=1), nn.BatchNorm2d(4)).train()
+    scripted = torch.jit.script(copy.deepcopy(m))
+    opt = torchfuse.optimize(torch.jit.script(m))
+    graph = opt.inlined_graph
+    assert len(graph.findAllNodes("torchfuse::custom_conv_output_size", recurse=True)) == 2
+    assert len(graph.findAllNodes("torchfuse::custom_conv_batch_norm_act", recurse=True)) == 2
+
+    def count(g):
+        return sum(1 for _ in g.findAllNodes("aten::floordiv", recurse=True)) + \
+            sum(1 for _ in g.findAllNodes("aten::append", recurse=True))
+    assert count(graph) == count(scripted.inlined_graph) == 0
+    x = signed(2, 3, 9, 9, seed=3)
+    torch.testing.assert_close(opt(x), scripted(x), rtol=1e-6, atol=1e-6)
+
+
 def test_wrong_rank_raises():
     # NB: the scripted original raises BatchNorm's channel-count error,
     # eager and the optimized module BatchNorm2d's rank check

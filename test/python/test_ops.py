@@ -399,6 +399,7 @@ OPCHECK_FILES = {
     "custom_conv_act_max_pool": "test_conv_act_max_pool.py",
     "custom_conv_add_act": "test_conv_add_act.py",
     "custom_conv_batch_norm_act": "test_conv_batch_norm_act.py",
+    "custom_conv_output_size": "test_conv_batch_norm_act.py",
     "custom_conv_relu_add": "test_ops.py",
     "custom_conv_relu_add_backward": "test_ops.py",
     "custom_conv_relu_add_forward": "test_ops.py",
