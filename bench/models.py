@@ -68,8 +68,9 @@ Metrics, per (model, mode, variant):
 - a torchfuse variant's speedup over its baseline (when the baseline was
   measured in this process): both built again and warmed up in the
   torchfuse unit, then timed in INTERLEAVED_ROUNDS alternating rounds, and
-  the ratio of the two medians ("interleaved"; the ratio of the separate
-  units' medians is kept as "separate_speedup").  NB: on a shared machine
+  the ratio of the two medians ("interleaved", with each round's own ratio
+  in "round_speedups"; the ratio of the separate units' medians is kept as
+  "separate_speedup").  NB: on a shared machine
   a CPU-bound model's time drifts by 10-50 % between units minutes apart.
 
 Results: bench/results/models-<gpu>.json (a copy in $OUT/models.json when
@@ -626,17 +627,23 @@ class ModelBench:
                 step(x0)
         self.timer.sync()
         times: dict = {base: [], v: []}
+        per_round = []
         rounds = 2 if self.args.dry_run else INTERLEAVED_ROUNDS
         reps = max(1, self.args.reps // 2)
         for r in range(rounds):
+            this: dict = {}
             for w in ((base, v) if r % 2 == 0 else (v, base)):
                 _, _, step, reset = runs[w]
-                times[w] += self.timer.measure(lambda i, step=step: step(xs[i % len(xs)]), reset, 1, reps,
-                                               self.args.target_s / 2)
+                this[w] = self.timer.measure(lambda i, step=step: step(xs[i % len(xs)]), reset, 1, reps,
+                                             self.args.target_s / 2)
+                times[w] += this[w]
+            per_round.append(statistics.median(this[base]) / statistics.median(this[v]))
         mb, mv = statistics.median(times[base]), statistics.median(times[v])
         del runs, xs, x0, gys
+        # NB: the rounds' own ratios show how far the machine's drift moves
+        # the ratio (host-bound rows: 10 % and more)
         return {"rounds": rounds, "baseline_ms": mb, "ms": mv, "speedup": mb / mv,
-                "reps": {base: len(times[base]), v: len(times[v])}}
+                "round_speedups": per_round, "reps": {base: len(times[base]), v: len(times[v])}}
 
     def measure(self, spec: Spec, mode: str, v: str, ref: Reference) -> dict:
         train, dt, dtype = mode_dtype(mode)
@@ -806,9 +813,13 @@ def ratio_cell(row: Optional[dict]) -> str:
     if b.get("speedup") is None:
         return "–"
     s = f"{b['speedup']:.2f}×"
+    notes = []
+    rounds = ((row or {}).get("interleaved") or {}).get("round_speedups")
+    if rounds:
+        notes.append(f"rounds {min(rounds):.2f}–{max(rounds):.2f}")
     if b.get("mem_ratio") is not None:
-        s += f" (mem {b['mem_ratio']:.2f}×)"
-    return s
+        notes.append(f"mem {b['mem_ratio']:.2f}×")
+    return s + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def host_bound_rows(data: dict) -> list[dict]:

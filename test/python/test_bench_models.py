@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -131,8 +132,11 @@ def test_fused_counts_and_baselines(results):
             continue
         assert set(row["fused"]) == set(torchfuse.pass_names()), key
         # NB: besides the fusions' ops, the op DropAllTrueAttentionMasks puts
-        # in place of an attention call whose mask is true everywhere (BERT)
-        ops = {op for f in torchfuse.fusions() for op in f["ops"]} | {"torchfuse::custom_unmasked_attention"}
+        # in place of an attention call whose mask is true everywhere (BERT),
+        # and the one FuseConvBatchNormAct puts where BatchNorm read the conv
+        # output's sizes
+        ops = {op for f in torchfuse.fusions() for op in f["ops"]} | {"torchfuse::custom_unmasked_attention",
+                                                                      "torchfuse::custom_conv_output_size"}
         assert all(f"torchfuse::{op}" in ops for op in row["fused_ops"]), (key, row["fused_ops"])
         base = {"torchfuse": "torchscript", "torchfuse_freeze": "freeze"}[row["variant"]]
         b = row["vs_baseline"]
@@ -146,6 +150,9 @@ def test_fused_counts_and_baselines(results):
         assert b["interleaved"] and inter["rounds"] >= 2
         assert all(n >= inter["rounds"] for n in inter["reps"].values()), inter
         assert b["speedup"] == pytest.approx(inter["baseline_ms"] / inter["ms"])
+        # each round's own ratio
+        assert len(inter["round_speedups"]) == inter["rounds"]
+        assert all(r > 0 for r in inter["round_speedups"]), inter
         # no device memory on the CPU
         assert b["mem_ratio"] is None and b["allocated_mem_ratio"] is None
         assert row["peak_mem_MiB"] is None and row["peak_requested_MiB"] is None
@@ -174,6 +181,8 @@ def test_report_short_table_and_chart(results, models, tmp_path):
     assert "DRY RUN" in md and "## Model zoo" in md and "![" in md
     for m in (CNN, "bert", "mlp"):
         assert f"| {m} | " in md
+    # a torchfuse cell gives the range of the interleaved rounds' own ratios
+    assert re.search(r"\| \d+\.\d\d× \(rounds \d+\.\d\d–\d+\.\d\d\)", md), md
     short = models.short_table(data)
     assert CNN in short and "bert" in short and "DRY RUN" in short
     assert short in results["stdout"] or CNN in results["stdout"]
