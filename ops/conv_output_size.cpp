@@ -10,12 +10,11 @@
 // over 53 chains, on a step that the host bounds).  A conv on meta tensors
 // would cost about 80 us.
 //
-// As ATen's conv_output_size for the shapes a conv accepts, with floor
-// division; a one-element stride, padding or dilation holds for every
-// spatial dimension, as ATen expands it.  Shapes a conv rejects give sizes
-// that need not match anything (a 0 where an argument list is too short or
-// a stride is 0): the conv then raises its own error in the fused op, as it
-// did in the original before the reads.
+// The conv ops' own convOutputSymSizes for the shapes a conv accepts (a
+// one-element stride, padding or dilation holds for every spatial
+// dimension, as ATen expands it).  Shapes a conv rejects give zeros, no one
+// value per channel: the conv then raises its own error in the fused op, as
+// it did in the original before the reads.
 //
 // NB: CompositeImplicitAutograd on symbolic sizes, so that it runs on every
 // backend and under fake tensors.
@@ -23,7 +22,10 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <vector>
+
+#include "ops/conv_relu_add.h"
 
 TORCH_LIBRARY_FRAGMENT(torchfuse, m) {
   m.def(
@@ -34,24 +36,39 @@ TORCH_LIBRARY_FRAGMENT(torchfuse, m) {
 namespace torchfuse::ops {
 namespace {
 
-// The i-th of a conv argument list, expanded as ATen expands one element;
-// nullopt where the list has no such element.
-std::optional<int64_t> expanded(at::IntArrayRef list, size_t i) {
-  if (list.size() == 1) {
-    return list[0];
+// Whether conv{1,2,3}d takes these shapes and arguments as far as the
+// output size goes: ranks, list lengths, positive strides and dilations,
+// paddings of 0 or more and, for concrete sizes, an input no smaller than
+// the dilated kernel.
+bool sizesHold(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation) {
+  const int64_t spatial = weight.dim() - 2;
+  if (spatial < 1 || (input.dim() != weight.dim() && input.dim() != weight.dim() - 1)) {
+    return false;
   }
-  if (i < list.size()) {
-    return list[i];
+  const auto expands = [&](at::IntArrayRef list) {
+    return list.size() == 1 || static_cast<int64_t>(list.size()) == spatial;
+  };
+  if (!expands(stride) || !expands(padding) || !expands(dilation)) {
+    return false;
   }
-  return std::nullopt;
-}
-
-c10::SymInt floorDivide(const c10::SymInt& a, int64_t b) {
-  if (auto concrete = a.maybe_as_int()) {
-    const int64_t q = *concrete / b;
-    return (*concrete % b != 0 && ((*concrete < 0) != (b < 0))) ? q - 1 : q;
+  const int64_t first = input.dim() - spatial;
+  for (int64_t d = 0; d < spatial; ++d) {
+    const auto at = [&](at::IntArrayRef list) { return list.size() == 1 ? list[0] : list[d]; };
+    if (at(stride) <= 0 || at(dilation) <= 0 || at(padding) < 0) {
+      return false;
+    }
+    const auto x = input.sym_size(first + d).maybe_as_int();
+    const auto k = weight.sym_size(2 + d).maybe_as_int();
+    if (x && k && *x + 2 * at(padding) - at(dilation) * (*k - 1) - 1 < 0) {
+      return false;
+    }
   }
-  return a / b; // NB: symbolic division is floor division
+  return true;
 }
 
 std::vector<c10::SymInt> convOutputSize(
@@ -60,32 +77,12 @@ std::vector<c10::SymInt> convOutputSize(
     at::IntArrayRef stride,
     at::IntArrayRef padding,
     at::IntArrayRef dilation) {
-  const auto xs = input.sym_sizes();
-  const auto ws = weight.sym_sizes();
-  std::vector<c10::SymInt> out;
-  if (ws.size() < 2) {
-    return out;
+  if (sizesHold(input, weight, stride, padding, dilation)) {
+    return convOutputSymSizes(input, weight, stride, padding, dilation);
   }
-  const size_t spatial = ws.size() - 2;
-  if (xs.size() == ws.size()) {
-    out.push_back(xs[0]);
-  }
-  out.push_back(ws[0]);
-  if (xs.size() < spatial) {
-    return out;
-  }
-  const size_t first = xs.size() - spatial;
-  for (size_t i = 0; i < spatial; ++i) {
-    const auto s = expanded(stride, i);
-    const auto p = expanded(padding, i);
-    const auto d = expanded(dilation, i);
-    if (!s || !p || !d || *s == 0) {
-      out.emplace_back(0);
-      continue;
-    }
-    out.push_back(floorDivide(xs[first + i] + 2 * *p - *d * (ws[2 + i] - 1) - 1, *s) + 1);
-  }
-  return out;
+  // NB: no one value per channel, and two entries at least, which
+  // BatchNorm's check indexes
+  return std::vector<c10::SymInt>(std::max<int64_t>(weight.dim(), 2), 0);
 }
 
 } // namespace
