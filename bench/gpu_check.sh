@@ -9,12 +9,17 @@
 #   bench/gpu_check.sh build bench     # only these stages (the bench gets the time)
 #   BENCH_MODELS_ARGS="--variants torchscript,torchfuse" bench/gpu_check.sh build models
 #   bench/gpu_check.sh build ddp       # DDP training step per GPU (bench/ddp.py)
+#   bench/gpu_check.sh build fuzz      # the pass fuzzer on the GPU (tools/fuzz_pass.py --device cuda)
 #
 # Stages: build, test, bench (bench/benchmark.py, the seed workloads), models
 # (bench/models.py, the model zoo: at most MODELS_S seconds, default 500; its
 # results merge into bench/results/models-<gpu>.json of the tree, so that
 # slices of it run in several calls add up), ddp (bench/ddp.py: resnet50's
-# DDP training step at 1..all GPUs, NCCL; bench/results/ddp-<gpu>.json).
+# DDP training step at 1..all GPUs, NCCL; bench/results/ddp-<gpu>.json),
+# fuzz (tools/fuzz_pass.py --device cuda: the ops' CUDA kernels against the
+# original's CUDA ops, at most FUZZ_S seconds, default 150; FUZZ_ARGS, default
+# "--programs 150 --seed 1 --modes train,eval,frozen,autocast,double_backward";
+# the output in fuzz.txt, regression tests of failures under fuzz-regressions/).
 #
 # Environment: PYTEST_WORKERS (pytest-xdist workers of the test stage,
 # default 8), OUT (logs and results go there: log.txt, results.json,
@@ -88,7 +93,7 @@ say "== gpu_check: $(date '+%Y-%m-%dT%H:%M:%S'), stages: $stages, budget ${TOTAL
 
 # ---- build
 built=0
-if has_stage build || has_stage test || has_stage bench || has_stage models || has_stage ddp; then
+if has_stage build || has_stage test || has_stage bench || has_stage models || has_stage ddp || has_stage fuzz; then
   cmake_args=${CMAKE_ARGS:-}
   if [ ! -f .deps/googletest/CMakeLists.txt ] && [ -f /usr/src/googletest/CMakeLists.txt ]; then
     cmake_args="$cmake_args -DTORCHFUSE_GTEST_SOURCE_DIR=/usr/src/googletest"
@@ -123,7 +128,8 @@ fi
 # ---- tests
 if has_stage test; then
   if [ $built = 1 ]; then
-    reserve=$(( 10 + $(has_stage bench && echo 190 || echo 0) + $(has_stage models && echo 240 || echo 0) ))
+    reserve=$(( 10 + $(has_stage bench && echo 190 || echo 0) + $(has_stage models && echo 240 || echo 0) \
+                + $(has_stage fuzz && echo "${FUZZ_S:-150}" || echo 0) ))
     t=$(min 450 "$(( $(left) - reserve ))")
     if [ "$t" -lt 30 ]; then t=30; fi
     say "== tests (tools/run_tests.sh, limit ${t} s)"
@@ -165,6 +171,32 @@ if has_stage test; then
   else
     status=1
     note "tests: NOT RUN (no build)"
+  fi
+fi
+
+# ---- the pass fuzzer on the GPU
+if has_stage fuzz; then
+  if [ $built = 1 ]; then
+    t=$(min "${FUZZ_S:-150}" "$(( $(left) - 20 ))")
+    say "== fuzz (tools/fuzz_pass.py --device cuda, limit ${t} s)"
+    t0=$(date +%s)
+    # shellcheck disable=SC2086
+    ( export TORCHFUSE_BUILD_DIR="$root/$BUILD_DIR"; source ./env.sh
+      timeout -k 10 "$t" python tools/fuzz_pass.py --device cuda \
+        ${FUZZ_ARGS:---programs 150 --seed 1 --modes train,eval,frozen,autocast,double_backward} \
+        --emit-regressions "$out/fuzz-regressions" ) > "$out/fuzz.txt" 2>&1
+    rc=$?
+    cat "$out/fuzz.txt" >> "$log"
+    grep -E "FAILED|passed, [0-9]+ failed" "$out/fuzz.txt" | tail -20
+    if [ $rc -ne 0 ]; then
+      status=1
+      note "fuzz: FAILED (rc $rc$([ $rc -ge 124 ] && echo ', time limit'), $(( $(date +%s) - t0 )) s); see fuzz.txt"
+    else
+      note "fuzz: ok ($(( $(date +%s) - t0 )) s; $(tail -1 "$out/fuzz.txt"))"
+    fi
+  else
+    status=1
+    note "fuzz: NOT RUN (no build)"
   fi
 fi
 
