@@ -69,14 +69,16 @@ bool linearBatchNormFoldingKeepsMeaning(const torch::jit::Block* block) {
 bool linearConcatenationKeepsMeaning(const std::shared_ptr<torch::jit::Graph>& graph) {
   const auto linear = c10::Symbol::fromQualString("aten::linear");
   torch::jit::AliasDb aliasDb(graph);
-  std::function<bool(const torch::jit::Block*)> keeps = [&](const torch::jit::Block* block) {
-    for (const auto* node : block->nodes()) {
-      for (const auto* sub : node->blocks()) {
+  std::function<bool(torch::jit::Block*)> keeps = [&](torch::jit::Block* block) {
+    for (auto* node : block->nodes()) {
+      for (auto* sub : node->blocks()) {
         if (!keeps(sub)) {
           return false;
         }
       }
-      if (node->kind() != linear || !aliasDb.hasWriters(node->output())) {
+      if (node->kind() != linear ||
+          (!aliasDb.hasWriters(node->output()) &&
+           !aliasDb.mayContainAlias(node->output(), graph->outputs()))) {
         continue;
       }
       const auto& uses = node->input(0)->uses();

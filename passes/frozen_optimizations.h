@@ -25,10 +25,12 @@ bool batchNormsAreInference(const torch::jit::Block* block);
 bool linearBatchNormFoldingKeepsMeaning(const torch::jit::Block* block);
 
 // True when no aten::linear that shares its input with another linear has
-// an output that something writes (in place, or through a view).  NB:
-// torch's FrozenConcatLinear (CUDA weights only) turns such linears into
-// slices of one linear's output: then an in-place op on one output bumps
-// the version of the others, and a backward that saved one of them fails.
+// an output that something writes (in place, or through a view) or that
+// the graph returns (itself or a view of it).  NB: torch's
+// FrozenConcatLinear (CUDA weights only) turns such linears into slices of
+// one linear's output: then an in-place op on one output bumps the version
+// of the others, and a backward that saved one of them fails; and a
+// returned slice is not contiguous where the original's output was.
 bool linearConcatenationKeepsMeaning(const std::shared_ptr<torch::jit::Graph>& graph);
 
 // torch::jit::OptimizeFrozenGraph's passes in its order (dropout removed,

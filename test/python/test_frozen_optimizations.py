@@ -161,19 +161,22 @@ def test_unfrozen_result_keeps_batch_norm():
 
 
 class SiblingLinears(nn.Module):
-    """Two linears of one input; one output clamped, the other written in
-    place when `in_place` (fuzzer, --device cuda, seed 0, program 52)."""
+    """Two linears of one input: one output clamped, the other written in
+    place ("in_place"; fuzzer, --device cuda, seed 0, program 52), or
+    clamped too ("neither"), or both returned as they are ("returned")."""
 
-    def __init__(self, in_place: bool):
+    def __init__(self, form: str):
         super().__init__()
-        self.in_place = in_place
+        self.form = form
         self.fc0 = nn.Linear(6, 6)
         self.fc1 = nn.Linear(6, 5)
 
     def forward(self, x):
-        a = F.hardtanh(self.fc0(x), -1.0, 1.0)
-        b = self.fc1(x)
-        b = F.relu6(b, inplace=True) if self.in_place else F.relu6(b)
+        a, b = self.fc0(x), self.fc1(x)
+        if self.form == "returned":
+            return a, b
+        a = F.hardtanh(a, -1.0, 1.0)
+        b = F.relu6(b, inplace=True) if self.form == "in_place" else F.relu6(b)
         return a, b
 
 
@@ -185,25 +188,30 @@ def _grads(module, x):
     return (a.detach(), b.detach(), x.grad)
 
 
-@pytest.mark.parametrize("in_place", [True, False])
+@pytest.mark.parametrize("form", ["in_place", "returned", "neither"])
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_linears_joined_only_where_no_output_is_written(in_place):
+def test_linears_joined_only_where_no_output_is_written_or_returned(form):
     """On CUDA, torch's FrozenConcatLinear makes the two outputs slices of one
-    tensor: relu6_ on one then bumps the version of the other, which
+    tensor.  relu6_ on one then bumps the version of the other, which
     hardtanh's backward saved, and the backward raises (as it does for
-    torch.jit.freeze's own result).  Without the in-place write the linears
-    are joined (one aten::linear left), with it they are not."""
+    torch.jit.freeze's own result); returned, the slices are not contiguous
+    where the original's outputs were.  Only where neither holds are the
+    linears joined (one aten::linear left)."""
     torch.manual_seed(0)
-    model = SiblingLinears(in_place).double().cuda().eval()
+    model = SiblingLinears(form).double().cuda().eval()
     x = signed(3, 4, 6).cuda()
     opt = torchfuse.optimize(torch.jit.script(copy.deepcopy(model)), freeze=True,
                              passes=[n for n in torchfuse.pass_names() if n != "linear_act"])
-    linears = kinds(opt).count("aten::linear")
-    assert linears == (2 if in_place else 1), kinds(opt)
-    for got, want in zip(_grads(opt, x), _grads(model, x)):
-        torch.testing.assert_close(got, want)
-    if in_place:
-        frozen = torch.jit.freeze(torch.jit.script(copy.deepcopy(model)))
+    assert kinds(opt).count("aten::linear") == (1 if form == "neither" else 2), kinds(opt)
+    got, want = _grads(opt, x), _grads(model, x)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    assert [t.is_contiguous() for t in got[:2]] == [t.is_contiguous() for t in want[:2]] == [True, True]
+    frozen = torch.jit.freeze(torch.jit.script(copy.deepcopy(model)))
+    if form == "in_place":
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             _grads(frozen, x)
+    if form == "returned":
+        with torch.no_grad():
+            assert not all(t.is_contiguous() for t in frozen(x))

@@ -78,7 +78,7 @@ graph(%x : Float(5, 4)):
   EXPECT_FALSE(linearBatchNormFoldingKeepsMeaning(with("Float(2, 5, 4)", "%x")->block()));
 }
 
-TEST(FrozenOptimizations, LinearsConcatenatedOnlyWhereNoSiblingOutputIsWritten) {
+TEST(FrozenOptimizations, LinearsConcatenatedOnlyWhereNoSiblingOutputIsWrittenOrReturned) {
   const std::string ir = R"IR(
 graph(%x : Float(5, 4), %y : Float(5, 4)):
   %w : Float(4, 4, strides=[4, 1], requires_grad=0, device=cpu) = prim::Constant[value=<Tensor>]()
@@ -100,6 +100,10 @@ graph(%x : Float(5, 4), %y : Float(5, 4)):
   EXPECT_FALSE(linearConcatenationKeepsMeaning(with("%x", "relu_")));
   // the written linear reads an input of its own: it is never joined
   EXPECT_TRUE(linearConcatenationKeepsMeaning(with("%y", "relu_")));
+  // a linear output (or a view of it) returned: a slice would not be
+  // contiguous
+  EXPECT_FALSE(linearConcatenationKeepsMeaning(with("%x", "t")));
+  EXPECT_TRUE(linearConcatenationKeepsMeaning(with("%y", "t")));
 }
 
 TEST(FrozenOptimizations, FoldsAnInferenceBatchNorm) {
