@@ -405,8 +405,9 @@ def test_conv_output_size_of_a_shape_the_conv_rejects_leaves_the_error_to_the_co
 
 def test_training_graph_reads_the_conv_output_size_in_one_call():
     """The training graph's BatchNorm size check reads one
-    custom_conv_output_size per chain, no interpreted arithmetic: the
-    optimized graph has no more nodes than the scripted one."""
+    custom_conv_output_size per chain: no size arithmetic is interpreted
+    (aten::floordiv, aten::append), in the optimized graph as in the
+    scripted one."""
     m = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(inplace=True),
                       nn.Conv2d(4, 4, 3, stride=2, padding=1), nn.BatchNorm2d(4)).train()
     scripted = torch.jit.script(copy.deepcopy(m))

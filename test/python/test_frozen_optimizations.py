@@ -3,7 +3,8 @@
 BatchNorm is not constantly in inference (batchNormsAreInference), and
 folds a BatchNorm into a linear only where that keeps the meaning
 (linearBatchNormFoldingKeepsMeaning), and joins linears of one input only
-where none of their outputs is written (linearConcatenationKeepsMeaning)."""
+where none of their outputs is written or returned
+(linearConcatenationKeepsMeaning)."""
 
 import copy
 

@@ -95,8 +95,9 @@ graph(%x : Float(5, 4), %y : Float(5, 4)):
     return parse(s);
   };
   EXPECT_TRUE(linearConcatenationKeepsMeaning(with("%x", "relu")));
-  // NB: the linears of one input, one output written in place, and so its
-  // sibling's version (tanh's backward saved it) if they became slices
+  // NB: the linears of one input, one output written in place: as slices
+  // of one tensor the write would bump its sibling's version too, and a
+  // backward that saved the sibling would raise
   EXPECT_FALSE(linearConcatenationKeepsMeaning(with("%x", "relu_")));
   // the written linear reads an input of its own: it is never joined
   EXPECT_TRUE(linearConcatenationKeepsMeaning(with("%y", "relu_")));
