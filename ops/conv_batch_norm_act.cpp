@@ -47,6 +47,7 @@
 #include "ops/common/checks.h"
 #include "ops/common/conv_composites.h"
 #include "ops/conv_add_act.h"
+#include "ops/conv_output_size.h"
 #include "torchfuse/ops.h"
 #ifdef TORCHFUSE_WITH_CUDA
 #include "ops/cuda/conv_batch_norm_eval.h"
@@ -120,31 +121,21 @@ bool anySubclassLike(std::initializer_list<const std::optional<at::Tensor>*> ts)
 }
 
 // The element count of the convolution's output (batched or not); 0 where
-// the sizes give none, so that the caller runs the original ops and their
-// errors.
+// the conv rejects the arguments, so that the caller runs the original ops
+// and their errors.
 int64_t convOutputNumel(
     const at::Tensor& input,
     const at::Tensor& weight,
     at::IntArrayRef stride,
     at::IntArrayRef padding,
     at::IntArrayRef dilation) {
-  const int64_t k = weight.dim() - 2;
-  if (k < 1 || input.dim() < k + 1) {
+  const auto sizes = acceptedConvOutputSizes(input, weight, stride, padding, dilation);
+  if (!sizes) {
     return 0;
   }
-  // a one-element list stands for every spatial dimension, as at::conv*d's
-  const auto nth = [](at::IntArrayRef v, int64_t i, int64_t fallback) {
-    return v.empty() ? fallback : v[v.size() == 1 ? 0 : std::min<int64_t>(i, v.size() - 1)];
-  };
-  int64_t n = (input.dim() == weight.dim() ? input.size(0) : 1) * weight.size(0);
-  for (int64_t i = 0; i < k; ++i) {
-    const int64_t extent = nth(dilation, i, 1) * (weight.size(2 + i) - 1) + 1;
-    const int64_t span = input.size(input.dim() - k + i) + 2 * nth(padding, i, 0) - extent;
-    const int64_t s = nth(stride, i, 1);
-    if (span < 0 || s <= 0) {
-      return 0;
-    }
-    n *= span / s + 1;
+  int64_t n = 1;
+  for (const auto& size : *sizes) {
+    n *= size.expect_int(); // NB: tensor subclasses (symbolic sizes) took the original ops
   }
   return n;
 }

@@ -23,8 +23,10 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
+#include "ops/conv_output_size.h"
 #include "ops/conv_relu_add.h"
 
 TORCH_LIBRARY_FRAGMENT(torchfuse, m) {
@@ -77,8 +79,8 @@ std::vector<c10::SymInt> convOutputSize(
     at::IntArrayRef stride,
     at::IntArrayRef padding,
     at::IntArrayRef dilation) {
-  if (sizesHold(input, weight, stride, padding, dilation)) {
-    return convOutputSymSizes(input, weight, stride, padding, dilation);
+  if (auto sizes = acceptedConvOutputSizes(input, weight, stride, padding, dilation)) {
+    return *std::move(sizes);
   }
   // NB: no one value per channel, and two entries at least, which
   // BatchNorm's check indexes
@@ -86,6 +88,19 @@ std::vector<c10::SymInt> convOutputSize(
 }
 
 } // namespace
+
+std::optional<std::vector<c10::SymInt>> acceptedConvOutputSizes(
+    const at::Tensor& input,
+    const at::Tensor& weight,
+    at::IntArrayRef stride,
+    at::IntArrayRef padding,
+    at::IntArrayRef dilation) {
+  if (!sizesHold(input, weight, stride, padding, dilation)) {
+    return std::nullopt;
+  }
+  return convOutputSymSizes(input, weight, stride, padding, dilation);
+}
+
 } // namespace torchfuse::ops
 
 TORCH_LIBRARY_IMPL(torchfuse, CompositeImplicitAutograd, m) {
