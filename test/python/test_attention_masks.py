@@ -8,7 +8,8 @@ autograd and ATen runs the unmasked call by flash or cuDNN attention on
 CUDA, the op makes that call; elsewhere (the CPU, whose flash kernel maps NaN
 rows to 0, CUDA's memory-efficient kernel, and wherever autograd records: the
 fused kernels' gradients have inf where the masked call's have NaN) a masked
-call as the original's."""
+call as the original's; on CUDA in float32 without autograd, where that
+call is ATen's math path, torchfuse's kernel of the math path."""
 
 import copy
 import warnings
@@ -558,3 +559,123 @@ def test_cuda_op_under_autograd_against_float64(dtype):
     xs = [t.to(dtype).requires_grad_() for t in base]
     gs = torch.autograd.grad(OP(*xs), xs, gy.to(dtype), create_graph=True)
     assert all(isinstance(t, torch.Tensor) for t in second(gs, xs))
+
+
+# ---- torchfuse's float32 math-path kernel (maskedCallIsCudaMath) ---------------
+
+def math_kernel_ran(fn):
+    """fn's result, and whether torchfuse's math-path attention kernel ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        out = fn()
+        torch.cuda.synchronize()
+    return out, any("mathAttentionKernel" in e.key for e in p.key_averages())
+
+
+def masked_math(q, k, v, scale=None):
+    """The original's masked call by ATen's math path."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with torch.no_grad(), sdpa_kernel([SDPBackend.MATH]):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bert_like_mask(q, k), scale=scale)
+
+
+def heads_view(x, heads):
+    """[B, L, H * E] as transformers' [B, H, L, E] view (non-contiguous)."""
+    b, l, he = x.shape
+    return x.view(b, l, heads, he // heads).transpose(1, 2)
+
+
+# (query, key, value) shapes: BERT's heads as views of [B, L, H * E]; query
+# rows and keys not multiples of the kernel's 32, an odd head size, values
+# wider than one pass of 128 columns; 3-d; more keys than one pass.
+MATH_SHAPES = {
+    "bert_views": ("views", (4, 128, 12 * 64), 12),
+    "ragged": ((2, 3, 37, 33), (2, 3, 70, 33), (2, 3, 70, 150)),
+    "rank3_long": ((5, 20, 16), (5, 300, 16), (5, 300, 24)),
+}
+
+
+def math_qkv(name, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    spec = MATH_SHAPES[name]
+    if spec[0] == "views":
+        return [heads_view(torch.randn(spec[1], device="cuda", generator=g), spec[2]) for _ in range(3)]
+    return [torch.randn(s, device="cuda", generator=g) for s in spec]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("name", list(MATH_SHAPES))
+@pytest.mark.parametrize("scale", [None, 0.7, -0.3], ids=["default", "scale", "negative_scale"])
+def test_cuda_float32_math_kernel_against_float64(name, scale):
+    """Float32 without autograd, where the masked call is ATen's math path:
+    the kernel runs, gives the math path's shape, contiguity and dtype, and
+    its error against float64 is at most twice the math path's."""
+    q, k, v = math_qkv(name, 11)
+    want = masked_math(q, k, v, scale)
+    from torch.nn.attention import SDPBackend
+
+    assert SDPBackend(torch._fused_sdp_choice(q, k, v, bert_like_mask(q, k), scale=scale)).name == "MATH"
+    exact = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), scale=scale)
+    poison_allocator([want.numel() * 4])
+    with torch.no_grad():
+        got, ran = math_kernel_ran(lambda: OP(q, k, v, scale=scale))
+    assert ran
+    assert got.shape == want.shape and got.dtype == torch.float32 and got.is_contiguous()
+    err, math_err = ((t.double() - exact).abs().max().item() for t in (got, want))
+    assert err <= 2 * math_err + 1e-6, f"{err:.3g} against the math path's {math_err:.3g}"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("name", list(MATH_SHAPES))
+def test_cuda_float32_math_kernel_gives_nan_and_inf_where_the_math_path_does(name):
+    """A NaN in a query row, +inf in a key, -inf in a value, a 0 times inf
+    (NaN scores), and a query row whose scores are all -inf (the safe
+    softmax's zeros): NaN and Inf where the math path has them, the finite
+    values close to its."""
+    q, k, v = math_qkv(name, 12)
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    if q.dim() == 3:
+        q, k, v = (t[None] for t in (q, k, v))
+    q[0, 0, 1, 3] = float("nan")
+    k[0, 1, 4, 1] = float("inf")
+    q[0, 1, 2, 1] = 0.0  # 0 * inf: a NaN score
+    v[0, 1, 0, 5] = -float("inf")
+    q[0, 2, 3, :] = 0.0
+    q[0, 2, 3, 0] = float("inf")
+    k[0, 2, :, 0] = -1.0 - k[0, 2, :, 0].abs()  # inf * negative: -inf everywhere in row 3
+    want = masked_math(q, k, v)
+    assert want[0, 2, 3].eq(0).all()  # so that the safe softmax's rows are tested
+    with torch.no_grad():
+        got, ran = math_kernel_ran(lambda: OP(q, k, v))
+    assert ran and same_non_finite(got, want)
+    finite = want.isfinite()
+    torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("case", ["autograd", "float64", "too_long", "broadcast"])
+def test_cuda_math_kernel_left_out_where_it_does_not_take_the_call(case):
+    """maskedCallIsCudaMath and the kernel's own limits: under autograd (no
+    backward of its own), in float64, with more keys than shared memory
+    holds, and with a batch dim broadcast, the op makes the masked call: bit
+    for bit its result."""
+    q, k, v = math_qkv("ragged", 13)
+    grad = case == "autograd"
+    if case == "float64":
+        q, k, v = q.double(), k.double(), v.double()
+    if case == "too_long":
+        g = torch.Generator(device="cuda").manual_seed(14)
+        k, v = (torch.randn(2, 3, 8192, 33, device="cuda", generator=g) for _ in range(2))
+    if case == "broadcast":
+        k, v = k[:1], v[:1]
+    leaves = [t.requires_grad_(grad) for t in (q, k, v)]
+    with torch.set_grad_enabled(grad):
+        got, ran = math_kernel_ran(lambda: OP(*leaves))
+        want = F.scaled_dot_product_attention(*leaves, attn_mask=bert_like_mask(leaves[0], leaves[1]))
+    assert not ran
+    assert torch.equal(got, want)
