@@ -11,19 +11,14 @@
 // wherever autograd records: the fused kernels' gradients have inf where the
 // masked call's have NaN) it passes a mask that is true everywhere with the
 // strides of transformers' traced mask (stride 0 in its last dim), so that
-// ATen picks the backend it picked for the original.  Where that is the math
-// path on CUDA and nothing is recorded (BERT's float32 inference), a kernel
-// of torchfuse's computes the math path's result in one launch
-// (maskedCallIsCudaMath, ops/cuda/math_attention.h).
+// ATen picks the backend it picked for the original.
 //
 // NB: CompositeImplicitAutograd, as scaled_dot_product_attention: it is made
-// of ATen calls (and the kernel, only where autograd records nothing and no
-// tracer's tensor takes part), so it runs on every backend (Meta included),
-// and autocast casts the nested call as it cast the original.
+// of ATen calls, so it runs on every backend (Meta included), and autocast
+// casts the nested call as it cast the original.
 
 #include <ATen/ATen.h>
 #include <ATen/SDPBackend.h>
-#include <ATen/TensorSubclassLikeUtils.h>
 #include <ATen/autocast_mode.h>
 #include <c10/core/GradMode.h>
 #include <torch/library.h>
@@ -33,9 +28,6 @@
 
 #include "ops/common/checks.h"
 #include "torchfuse/ops.h"
-#ifdef TORCHFUSE_WITH_CUDA
-#include "ops/cuda/math_attention.h"
-#endif
 
 TORCH_LIBRARY_FRAGMENT(torchfuse, m) {
   m.def(
@@ -75,50 +67,21 @@ constexpr const char* kOp = "torchfuse::custom_unmasked_attention";
 // row that a NaN in the query made NaN; fuzz seed 20261244 program 287).
 // NB: where the choice raises (every backend disabled, say), the masked call
 // raises the original's error.
-bool recorded(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value) {
-  return c10::GradMode::is_enabled() &&
-      (query.requires_grad() || key.requires_grad() || value.requires_grad());
-}
-
 bool unmaskedKeepsNonFinite(
     const at::Tensor& query,
     const at::Tensor& key,
     const at::Tensor& value,
     std::optional<double> scale,
     bool enable_gqa) {
-  if (!query.is_cuda() || recorded(query, key, value)) {
+  const bool recorded = c10::GradMode::is_enabled() &&
+      (query.requires_grad() || key.requires_grad() || value.requires_grad());
+  if (!query.is_cuda() || recorded) {
     return false;
   }
   try {
     const auto backend = static_cast<at::SDPBackend>(
         at::_fused_sdp_choice(query, key, value, std::nullopt, 0.0, false, scale, enable_gqa));
     return backend == at::SDPBackend::flash_attention || backend == at::SDPBackend::cudnn_attention;
-  } catch (const c10::Error&) {
-    return false;
-  }
-}
-
-// Whether the masked call runs ATen's math path on CUDA with nothing recorded
-// for autograd, and no tracer's tensor is in it: there torchfuse's kernel
-// (ops/cuda/math_attention.h) computes what the math path does, with its
-// roundings of q and k and its softmax, in one launch instead of eight and
-// four copies.  NB: not where ATen picks a fused kernel for the masked call
-// (its NaN and Inf are that kernel's), nor under autograd (the kernel has no
-// backward).
-bool maskedCallIsCudaMath(
-    const at::Tensor& query,
-    const at::Tensor& key,
-    const at::Tensor& value,
-    const at::Tensor& mask,
-    std::optional<double> scale,
-    bool enable_gqa) {
-  if (!query.is_cuda() || recorded(query, key, value) ||
-      at::areAnyTensorSubclassLike({query, key, value})) {
-    return false;
-  }
-  try {
-    return static_cast<at::SDPBackend>(at::_fused_sdp_choice(
-               query, key, value, mask, 0.0, false, scale, enable_gqa)) == at::SDPBackend::math;
   } catch (const c10::Error&) {
     return false;
   }
@@ -169,13 +132,6 @@ at::Tensor unmaskedAttention(
   sizes.back() = key.sym_size(-2);
   const auto mask = at::ones_symint({query.sym_size(-2), 1}, query.options().dtype(at::kBool))
                         .expand_symint(c10::SymIntArrayRef(sizes));
-#ifdef TORCHFUSE_WITH_CUDA
-  if (maskedCallIsCudaMath(query, key, value, mask, scale, enable_gqa)) {
-    if (auto out = mathAttentionCuda(query, key, value, scale)) {
-      return *out;
-    }
-  }
-#endif
   return at::scaled_dot_product_attention(query, key, value, mask, 0.0, false, scale, enable_gqa);
 }
 
