@@ -60,13 +60,12 @@ bool sizesHold(
   }
   const int64_t first = input.dim() - spatial;
   for (int64_t d = 0; d < spatial; ++d) {
-    const auto arg = [&](at::IntArrayRef list) { return list.size() == 1 ? list[0] : list[d]; };
-    if (arg(stride) <= 0 || arg(dilation) <= 0 || arg(padding) < 0) {
+    if (at1(stride, d) <= 0 || at1(dilation, d) <= 0 || at1(padding, d) < 0) {
       return false;
     }
     const auto x = input.sym_size(first + d).maybe_as_int();
     const auto k = weight.sym_size(2 + d).maybe_as_int();
-    if (x && k && *x + 2 * arg(padding) - arg(dilation) * (*k - 1) - 1 < 0) {
+    if (x && k && *x + 2 * at1(padding, d) - at1(dilation, d) * (*k - 1) - 1 < 0) {
       return false;
     }
   }

@@ -87,11 +87,6 @@ namespace ops {
 namespace {
 constexpr const char* kOp = "torchfuse::custom_conv_relu_add";
 
-// conv{1,2,3}d accept a single value for every spatial dimension.
-int64_t at1(at::IntArrayRef v, int64_t i) {
-  return v.size() == 1 ? v[0] : v[i];
-}
-
 void checkParam(
     const char* op, const char* name, at::IntArrayRef v, int64_t spatial, int64_t min) {
   TORCH_CHECK(

@@ -194,6 +194,12 @@ at::Tensor unpackConvMask(
     bool batched,
     ConvMaskOrder order);
 
+// Element i of a conv's stride, padding or dilation list: conv{1,2,3}d
+// accept a single value for every spatial dimension.
+inline int64_t at1(at::IntArrayRef v, int64_t i) {
+  return v.size() == 1 ? v[0] : v[i];
+}
+
 // The conv output's shape, symbolic where input or weight has symbolic
 // sizes; no checks (checkConvReluAddInputs makes them for concrete sizes).
 std::vector<c10::SymInt> convOutputSymSizes(
